@@ -1,0 +1,36 @@
+"""Managed PyTorch module hooks: named groups, a fixed order, gradients that line up, no leaked hooks.
+
+Example:
+    >>> import torch
+    >>> from hooks import HookManager
+    >>> model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.ReLU(), torch.nn.Linear(4, 1))
+    >>> with HookManager(model) as mgr:
+    ...     g = mgr.group("probe")
+    ...     outputs = {}
+    ...     _ = g.forward(["0", "2"], lambda module, args, output, *, name: outputs.__setitem__(name, output))
+    ...     _ = model(torch.randn(2, 4))
+    >>> sorted(outputs)
+    ['0', '2']
+"""
+
+from ._errors import HookError, ModuleNotFoundInModelError
+from ._resolve import module_names
+from .manager import HookFunction, HookGroup, HookHandle, HookManager
+from .recorder import Record, Recorder, Recording
+from .trace import ModuleCall, Trace, trace
+
+__all__ = [
+    "HookError",
+    "HookFunction",
+    "HookGroup",
+    "HookHandle",
+    "HookManager",
+    "ModuleCall",
+    "ModuleNotFoundInModelError",
+    "Record",
+    "Recorder",
+    "Recording",
+    "Trace",
+    "module_names",
+    "trace",
+]

@@ -1,0 +1,128 @@
+"""Turn user targets (names, globs, module objects, module types) into ``(name, module)`` pairs."""
+
+from __future__ import annotations
+
+import difflib
+import fnmatch
+from collections.abc import Iterable, Sequence
+from typing import Union
+
+from torch import nn
+
+from ._errors import ModuleNotFoundInModelError
+
+Target = Union[str, nn.Module, type, Sequence["Target"]]  # noqa: UP007 (a recursive alias needs Union on 3.10)
+
+_GLOB_CHARS = frozenset("*?[")
+
+
+def module_names(model: nn.Module) -> list[str]:
+    """Qualified names of every module in ``model``, in ``named_modules()`` order (the root is ``""``).
+
+    Example:
+        >>> import torch
+        >>> module_names(torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.ReLU()))
+        ['', '0', '1']
+    """
+    return [name for name, _ in model.named_modules(remove_duplicate=False)]
+
+
+def _close_matches(name: str, names: list[str]) -> list[str]:
+    """The names most like ``name``, best first (difflib, as torchcam does)."""
+    matches = difflib.get_close_matches(name, names, n=3, cutoff=0.5)
+    if not matches:  # fall back on names sharing the last dotted component
+        tail = name.rsplit(".", 1)[-1]
+        matches = [n for n in names if n.rsplit(".", 1)[-1] == tail][:3]
+    return matches
+
+
+def unknown_name_message(name: str, names: list[str], what: str = "`target`") -> str:
+    """An error message for a module name that is not in the model, listing the closest names."""
+    matches = _close_matches(name, [n for n in names if n])
+    hint = f"did you mean {', '.join(repr(m) for m in matches)}?" if matches else "no similar name exists."
+    return f"{what} {name!r} is not a module of the model; {hint} (see hooks.module_names(model) for all names)"
+
+
+def resolve(model: nn.Module | None, target: Target, what: str = "`target`") -> list[tuple[str, nn.Module]]:
+    """Resolve ``target`` into a list of distinct ``(qualified_name, module)`` pairs, in model order.
+
+    Args:
+        model: the model the names refer to; with ``None`` only module objects are accepted.
+        target: a qualified name (``"layer4.1.conv2"``, ``""`` for the model itself), a glob
+            (``"layer*.0.relu"``), a module object, a module type (every instance), or a list of these.
+        what: how the argument is named in error messages.
+
+    Returns:
+        The pairs, without duplicates. Every element of a list must match something, so that a list
+        with one bad entry raises before anything is registered.
+
+    Raises:
+        ModuleNotFoundInModelError: a name or glob matches no module (a ``KeyError`` listing the closest names).
+        ValueError: a module object is not part of ``model``, or a type matches no module.
+        TypeError: a target of another kind.
+    """
+    found: dict[int, tuple[str, nn.Module]] = {}
+    for name, module in _resolve_one(model, target, what):
+        found.setdefault(id(module), (name, module))
+    if model is None:
+        return list(found.values())
+    order = {id(m): i for i, (_, m) in enumerate(model.named_modules())}
+    return sorted(found.values(), key=lambda pair: order[id(pair[1])])
+
+
+def _resolve_one(model: nn.Module | None, target: Target, what: str) -> Iterable[tuple[str, nn.Module]]:
+    if isinstance(target, nn.Module):
+        if model is None:
+            return [(f"{type(target).__name__}@{id(target):x}", target)]
+        for name, module in model.named_modules():
+            if module is target:
+                return [(name, module)]
+        raise ValueError(
+            f"{what} is a {type(target).__name__} that is not part of the model "
+            f"(a {type(model).__name__}); pass one of the model's own modules, or give HookManager the model "
+            "it belongs to."
+        )
+    if isinstance(target, str):
+        if model is None:
+            raise TypeError(
+                f"{what} {target!r} is a name, but this HookManager has no model to look names up in; "
+                "create it with HookManager(model), or pass the module object."
+            )
+        return _resolve_name(model, target, what)
+    if isinstance(target, type) and issubclass(target, nn.Module):
+        if model is None:
+            raise TypeError(f"{what} {target.__name__} is a module type; HookManager(model) needs a model for types.")
+        pairs = [(n, m) for n, m in model.named_modules() if isinstance(m, target)]
+        if not pairs:
+            raise ValueError(f"{what}: the model has no module of type {target.__name__}.")
+        return pairs
+    if isinstance(target, (list, tuple)):
+        if not target:
+            raise ValueError(f"{what} is an empty {type(target).__name__}; give at least one module.")
+        return [pair for item in target for pair in _resolve_one(model, item, what)]
+    raise TypeError(
+        f"{what} must be a module name, a glob, a module, a module type or a list of these; "
+        f"got {type(target).__name__}: {target!r}"
+    )
+
+
+def _resolve_name(model: nn.Module, name: str, what: str) -> list[tuple[str, nn.Module]]:
+    named = dict(model.named_modules())
+    if name in named:
+        return [(name, named[name])]
+    if _GLOB_CHARS & set(name):
+        pairs = [(n, m) for n, m in named.items() if fnmatch.fnmatchcase(n, name)]
+        if pairs:
+            return pairs
+        raise ModuleNotFoundInModelError(
+            f"{what} glob {name!r} matches no module of the model; " + _glob_hint(name, list(named))
+        )
+    raise ModuleNotFoundInModelError(unknown_name_message(name, list(named), what))
+
+
+def _glob_hint(pattern: str, names: list[str]) -> str:
+    stem = pattern.split("*", 1)[0].split("?", 1)[0].split("[", 1)[0]
+    near = [n for n in names if n and n.startswith(stem)][:5] if stem else []
+    if near:
+        return f"names starting with {stem!r}: {', '.join(near)} (see hooks.module_names(model))"
+    return "see hooks.module_names(model) for all names."

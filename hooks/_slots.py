@@ -1,0 +1,382 @@
+"""Per-module dispatch: one PyTorch hook per (manager, module, phase) that runs the manager's hooks in order.
+
+A :class:`ModuleSlot` belongs to one manager and one module. It installs at most two PyTorch hooks on the module
+(a forward pre-hook and a forward hook, both ``with_kwargs=True``) whose callables are :class:`Dispatch` objects.
+A ``Dispatch`` holds only a weak reference to its slot, so a module never keeps a manager alive, and a manager that
+is garbage-collected turns its dispatchers into no-ops before its finaliser removes them.
+
+Modules that carry a ``Dispatch`` also get an instance attribute ``__getstate__`` (a :class:`StateFilter`) that
+leaves our hooks out of ``copy.deepcopy``, ``copy.copy``, ``pickle`` and ``torch.save``; it is deleted when the
+module carries no ``Dispatch`` any more.
+"""
+
+from __future__ import annotations
+
+import threading
+import warnings
+import weakref
+from collections import OrderedDict
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch import nn
+from torch.utils import _pytree as pytree
+from torch.utils.hooks import RemovableHandle
+
+from ._errors import HookError
+
+if TYPE_CHECKING:
+    from .manager import HookHandle
+
+_HOOK_DICTS = ("_forward_pre_hooks", "_forward_hooks")
+_ID_DICTS = ("_forward_pre_hooks_with_kwargs", "_forward_hooks_with_kwargs", "_forward_hooks_always_called")
+_MAX_PENDING = 64  # stale backward records kept per thread when a forward raised between the two phases
+
+
+class Dispatch:
+    """The callable registered on a module: forwards to its slot while the slot (and so its manager) lives."""
+
+    __slots__ = ("__weakref__", "phase", "slot_ref")
+
+    def __init__(self, slot: ModuleSlot | RunState, phase: str) -> None:
+        self.slot_ref: weakref.ref[Any] = weakref.ref(slot)
+        self.phase = phase
+
+    @torch.compiler.disable
+    def __call__(self, module: nn.Module, *args: Any) -> Any:
+        slot = self.slot_ref()
+        if slot is None:
+            return None
+        if self.phase == "pre":
+            return slot.run_pre(module, *args)
+        if self.phase == "forward":
+            return slot.run_forward(module, *args)
+        slot.run += 1  # "root": a forward of the manager's model starts; call indices restart
+        return None
+
+    def __repr__(self) -> str:
+        slot = self.slot_ref()
+        where = repr(getattr(slot, "name", "the model")) if slot is not None else "a released manager"
+        return f"<hookscope {self.phase} dispatch for {where}>"
+
+
+class RunState(threading.local):
+    """Per-thread count of forwards of a manager's model; a module's call index restarts with each one."""
+
+    run = 0
+
+
+class StateFilter:
+    """Instance-level ``__getstate__`` that drops every :class:`Dispatch` from the state a copy or pickle sees."""
+
+    __slots__ = ("module_ref",)
+
+    def __init__(self, module: nn.Module) -> None:
+        self.module_ref = weakref.ref(module)
+
+    def __call__(self) -> dict[str, Any]:
+        module = self.module_ref()
+        if module is None:  # pragma: no cover - the attribute lives in the module's own __dict__
+            raise HookError("the module this state filter belongs to no longer exists")
+        state = dict(type(module).__getstate__(module))
+        state.pop("__getstate__", None)
+        dropped: set[int] = set()
+        for attr in _HOOK_DICTS:
+            hooks = state.get(attr)
+            if hooks and any(isinstance(h, Dispatch) for h in hooks.values()):
+                kept = OrderedDict((k, h) for k, h in hooks.items() if not isinstance(h, Dispatch))
+                dropped.update(set(hooks) - set(kept))
+                state[attr] = kept
+        for attr in _ID_DICTS:
+            ids = state.get(attr)
+            if ids and dropped & set(ids):
+                state[attr] = OrderedDict((k, v) for k, v in ids.items() if k not in dropped)
+        return state
+
+
+def carries_dispatch(module: nn.Module) -> bool:
+    """Whether any hookscope manager has a dispatcher installed on ``module``."""
+    return any(isinstance(h, Dispatch) for attr in _HOOK_DICTS for h in getattr(module, attr, {}).values())
+
+
+def install_state_filter(module: nn.Module) -> None:
+    if not isinstance(module.__dict__.get("__getstate__"), StateFilter):
+        module.__dict__["__getstate__"] = StateFilter(module)
+
+
+def _drop_state_filter(module: nn.Module) -> None:
+    if isinstance(module.__dict__.get("__getstate__"), StateFilter) and not carries_dispatch(module):
+        del module.__dict__["__getstate__"]
+
+
+class Installed:
+    """What a slot put on its module: PyTorch handles and a weak reference to the module, nothing of the manager.
+
+    A manager's finaliser holds these objects (and only these), so it can clean a module without keeping the
+    manager alive.
+    """
+
+    __slots__ = ("handles", "module_ref")
+
+    def __init__(self, module: nn.Module) -> None:
+        self.module_ref = weakref.ref(module)
+        self.handles: dict[str, RemovableHandle] = {}
+
+    def release(self, phase: str | None = None) -> None:
+        """Remove the PyTorch hook of ``phase`` (or all of them) and the state filter when nothing is left."""
+        for key in [phase] if phase is not None else list(self.handles):
+            handle = self.handles.pop(key, None)
+            if handle is not None:
+                handle.remove()
+        module = self.module_ref()
+        if module is not None:
+            _drop_state_filter(module)
+
+
+class ModuleSlot:
+    """The ordered hooks one manager has on one module, and the two dispatchers that run them."""
+
+    def __init__(self, module: nn.Module, name: str, runs: RunState) -> None:
+        self.name = name
+        self.runs = runs
+        self._calls = threading.local()  # (run, number of calls of the module so far in that run)
+        self.installed = Installed(module)
+        self.entries: dict[str, tuple[HookHandle, ...]] = {"forward_pre": (), "forward": (), "backward": ()}
+        self.copy_inputs = bool(getattr(module, "inplace", False))  # in-place modules overwrite their input
+        self._pending = threading.local()  # stack of backward records between the pre and the forward phase
+
+    # -- bookkeeping -------------------------------------------------------------------------------------------
+    def add(self, handle: HookHandle) -> None:
+        """Insert ``handle`` at its place (group priority, then registration order) and install dispatchers."""
+        entries = (*self.entries[handle.kind], handle)
+        self.entries[handle.kind] = tuple(sorted(entries, key=lambda h: (-h.group.priority, h.seq)))
+        module = self.installed.module_ref()
+        assert module is not None
+        needs_pre = bool(self.entries["forward_pre"] or self.entries["backward"])
+        needs_forward = bool(self.entries["forward"] or self.entries["backward"])
+        if needs_pre and "pre" not in self.installed.handles:
+            self.installed.handles["pre"] = module.register_forward_pre_hook(Dispatch(self, "pre"), with_kwargs=True)
+        if needs_forward and "forward" not in self.installed.handles:
+            self.installed.handles["forward"] = module.register_forward_hook(
+                Dispatch(self, "forward"), with_kwargs=True
+            )
+        install_state_filter(module)
+
+    def discard(self, handle: HookHandle) -> bool:
+        """Take ``handle`` out; remove dispatchers nobody needs. Returns whether the slot is now empty."""
+        self.entries[handle.kind] = tuple(h for h in self.entries[handle.kind] if h is not handle)
+        if not (self.entries["forward_pre"] or self.entries["backward"]):
+            self.installed.release("pre")
+        if not (self.entries["forward"] or self.entries["backward"]):
+            self.installed.release("forward")
+        return not any(self.entries.values())
+
+    # -- the hot path ------------------------------------------------------------------------------------------
+    def _call_index(self, count: bool) -> int:
+        """This call's index among the module's calls in the current run; ``count`` marks the call as done."""
+        calls, run = self._calls, self.runs.run
+        if getattr(calls, "run", None) != run:
+            calls.run, calls.n = run, 0
+        index: int = calls.n
+        if count:
+            calls.n = index + 1
+        return index
+
+    def run_pre(self, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        """Run the active forward pre-hooks in order, then prepare backward records."""
+        changed = False
+        call = self._call_index(count="forward" not in self.installed.handles)
+        for h in self.entries["forward_pre"]:
+            if h._on if h._shared else getattr(h._local, "on", False):
+                result = h._call_pre(module, args, kwargs, self.name, call)
+                if result is not None:
+                    args, kwargs = result
+                    changed = True
+        backward = self.entries["backward"]
+        if backward and torch.is_grad_enabled():
+            active = [h for h in backward if (h._on if h._shared else getattr(h._local, "on", False))]
+            if active:
+                record = BackwardCall(module, self.name, call, active)
+                new_args, new_kwargs = record.take_inputs(args, kwargs, copy=self.copy_inputs)
+                if new_args is not args or new_kwargs is not kwargs:
+                    args, kwargs, changed = new_args, new_kwargs, True
+                stack = self._pending.__dict__.setdefault("stack", [])
+                stack.append(record)
+                del stack[:-_MAX_PENDING]
+        return (args, kwargs) if changed else None
+
+    def run_forward(self, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], output: Any) -> Any:
+        """Run the active forward hooks in order, then hook the outputs of this call for its backward record."""
+        changed = False
+        call = self._call_index(count=True)
+        for h in self.entries["forward"]:
+            if h._on if h._shared else getattr(h._local, "on", False):
+                result = h._call_forward(module, args, kwargs, output, self.name, call)
+                if result is not None:
+                    output = result
+                    changed = True
+        stack = self._pending.__dict__.get("stack")
+        if stack:
+            record = stack.pop()
+            if record.module is module:
+                new_output, overwritten = record.take_outputs(output)
+                if overwritten:
+                    self.copy_inputs = True
+                if new_output is not output:
+                    output, changed = new_output, True
+        return output if changed else None
+
+
+class BackwardCall:
+    """The gradients of one forward call of one module, gathered by tensor hooks, handed to backward hooks once.
+
+    Inputs that require grad are replaced by an alias (a view, or a copy for modules that write into their input)
+    whose tensor hook sees exactly the gradient that flows through this call. Outputs get tensor hooks registered
+    before any later in-place operation, so they see the gradient of the module's true output (see
+    :meth:`take_outputs` for the outputs that are passed on as copies). The record fires
+    when every input that requires grad has its gradient; when some never get one (unused, or cut off by
+    ``torch.autograd.grad``), it fires at the end of the backward pass with ``None`` in their place.
+    """
+
+    __slots__ = (
+        "arrived",
+        "call",
+        "expected",
+        "fired",
+        "grad_in",
+        "grad_out",
+        "handles",
+        "inputs",
+        "module",
+        "name",
+        "outputs",
+        "queued",
+        "views",
+    )
+
+    def __init__(self, module: nn.Module, name: str, call: int, handles: list[HookHandle]) -> None:
+        self.module = module
+        self.name = name
+        self.call = call
+        self.handles = handles
+        self.grad_in: list[torch.Tensor | None] = []
+        self.grad_out: list[torch.Tensor | None] = []
+        self.expected: set[tuple[str, int]] = set()
+        self.arrived: set[tuple[str, int]] = set()
+        self.views: list[tuple[int, torch.Tensor, int]] = []
+        self.fired = False
+        self.queued = False
+        self.inputs: tuple[Any, ...] = ()
+        self.outputs: tuple[Any, ...] = ()
+
+    def take_inputs(
+        self, args: tuple[Any, ...], kwargs: dict[str, Any], *, copy: bool
+    ) -> tuple[tuple[Any, ...], dict[str, Any]]:
+        """Alias the inputs that require grad and hook the aliases; return the (possibly new) args and kwargs."""
+        leaves, spec = pytree.tree_flatten((args, kwargs))
+        self.grad_in = [None] * len(leaves)
+        if any(h._retain for h in self.handles):
+            self.inputs = tuple(leaves)
+        replaced = False
+        for i, leaf in enumerate(leaves):
+            if isinstance(leaf, torch.Tensor) and leaf.requires_grad:
+                alias = leaf.clone() if copy else leaf.view_as(leaf)
+                alias.register_hook(_Collect(self, "in", i))
+                if not copy:
+                    self.views.append((i, alias, alias._version))
+                self.expected.add(("in", i))
+                leaves[i] = alias
+                replaced = True
+        if not replaced:
+            return args, kwargs
+        new_args, new_kwargs = pytree.tree_unflatten(leaves, spec)
+        return tuple(new_args), dict(new_kwargs)
+
+    def take_outputs(self, output: Any) -> tuple[Any, bool]:
+        """Hook the output tensors; return the output to pass on and whether the module wrote into an input view.
+
+        A lone output tensor is hooked as it is (a hook registered before a later in-place operation still sees
+        the gradient of the value the module returned). Outputs that are views (which lose their hooks when
+        modified in place), that are the module's own input, or that come several at a time (one may have been
+        computed from another inside the module) are passed on as copies, so their gradients come only from
+        what happens after the module.
+        """
+        leaves, spec = pytree.tree_flatten(output)
+        self.grad_out = [None] * len(leaves)
+        tensors = [j for j, leaf in enumerate(leaves) if isinstance(leaf, torch.Tensor) and leaf.requires_grad]
+        aliases = {id(view) for _, view, _ in self.views}
+        replaced = False
+        for j in tensors:
+            leaf = leaves[j]
+            if len(tensors) > 1 or leaf._is_view() or id(leaf) in aliases:
+                leaf = leaves[j] = leaf.clone()
+                replaced = True
+            leaf.register_hook(_Collect(self, "out", j))
+        if any(h._retain for h in self.handles):
+            self.outputs = tuple(leaves)
+        overwritten = [i for i, view, version in self.views if view._version != version]
+        self.views = []
+        for i in overwritten:  # the view's hook is lost once the view is modified in place
+            self.expected.discard(("in", i))
+        if overwritten:
+            warnings.warn(
+                f"module {self.name!r} modified its input in place; grad_input for this call is None at "
+                f"position(s) {overwritten}. Later calls copy the input first, so their gradients are complete.",
+                RuntimeWarning,
+                stacklevel=2,
+            )
+        if not any(key[0] == "in" for key in self.expected):
+            self.expected.update(("out", j) for j in tensors)
+        return (pytree.tree_unflatten(leaves, spec) if replaced else output), bool(overwritten)
+
+    def collect(self, side: str, index: int, grad: torch.Tensor) -> None:
+        """Store one gradient; fire when the expected ones are in, else at the end of this backward pass."""
+        (self.grad_in if side == "in" else self.grad_out)[index] = grad
+        self.arrived.add((side, index))
+        if not self.queued:
+            self.queued = True
+            torch.autograd.Variable._execution_engine.queue_callback(self.end_of_pass)
+        if not self.fired and self.expected <= self.arrived:
+            self.fire()
+
+    def fire(self) -> None:
+        """Call every backward hook that was active at forward time (and is not removed) with the gradients."""
+        self.fired = True
+        grad_in, grad_out = tuple(self.grad_in), tuple(self.grad_out)
+        for h in self.handles:
+            if not h.removed:
+                h._call_backward(self.module, grad_in, grad_out, self.name, self.call, self.inputs, self.outputs)
+
+    def end_of_pass(self) -> None:
+        """Fire if still pending, then reset so that another backward pass over the same graph fires again."""
+        try:
+            if not self.fired:
+                self.fire()
+        finally:
+            self.fired = self.queued = False
+            self.arrived = set()
+            self.grad_in = [None] * len(self.grad_in)
+            self.grad_out = [None] * len(self.grad_out)
+
+
+class _Collect:
+    """Tensor hook that passes one gradient to its record (and never changes it)."""
+
+    __slots__ = ("index", "record", "side")
+
+    def __init__(self, record: BackwardCall, side: str, index: int) -> None:
+        self.record, self.side, self.index = record, side, index
+
+    def __call__(self, grad: torch.Tensor) -> None:
+        self.record.collect(self.side, self.index, grad)
+
+
+def release_all(installed: list[Installed]) -> None:
+    """Finaliser of a manager: remove everything its slots installed."""
+    for item in installed:
+        item.release()
+    installed.clear()
+
+
+Call = Callable[..., Any]
