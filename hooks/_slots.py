@@ -17,7 +17,7 @@ import warnings
 import weakref
 from collections import OrderedDict
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 from torch import nn
@@ -142,22 +142,34 @@ class ModuleSlot:
         self.runs = runs
         self._calls = threading.local()  # (run, number of calls of the module so far in that run)
         self.installed = Installed(module)
-        self.entries: dict[str, tuple[HookHandle, ...]] = {"forward_pre": (), "forward": (), "backward": ()}
+        self.pre: tuple[HookHandle, ...] = ()
+        self.forward: tuple[HookHandle, ...] = ()
+        self.backward: tuple[HookHandle, ...] = ()
+        self.count_calls = False  # only counted when a hook asks for `call` or gradients are recorded
         self.copy_inputs = bool(getattr(module, "inplace", False))  # in-place modules overwrite their input
         self._pending = threading.local()  # stack of backward records between the pre and the forward phase
 
     # -- bookkeeping -------------------------------------------------------------------------------------------
+    _ATTR: ClassVar[dict[str, str]] = {"forward_pre": "pre", "forward": "forward", "backward": "backward"}
+
+    def entries(self, kind: str) -> tuple[HookHandle, ...]:
+        """The handles of ``kind`` in firing order."""
+        entries: tuple[HookHandle, ...] = getattr(self, self._ATTR[kind])
+        return entries
+
+    def _set(self, kind: str, entries: tuple[HookHandle, ...]) -> None:
+        setattr(self, self._ATTR[kind], tuple(sorted(entries, key=lambda h: (-h.group.priority, h.seq))))
+        everything = self.pre + self.forward + self.backward
+        self.count_calls = bool(self.backward) or any("call" in h._keywords for h in everything)
+
     def add(self, handle: HookHandle) -> None:
         """Insert ``handle`` at its place (group priority, then registration order) and install dispatchers."""
-        entries = (*self.entries[handle.kind], handle)
-        self.entries[handle.kind] = tuple(sorted(entries, key=lambda h: (-h.group.priority, h.seq)))
+        self._set(handle.kind, (*self.entries(handle.kind), handle))
         module = self.installed.module_ref()
         assert module is not None
-        needs_pre = bool(self.entries["forward_pre"] or self.entries["backward"])
-        needs_forward = bool(self.entries["forward"] or self.entries["backward"])
-        if needs_pre and "pre" not in self.installed.handles:
+        if (self.pre or self.backward) and "pre" not in self.installed.handles:
             self.installed.handles["pre"] = module.register_forward_pre_hook(Dispatch(self, "pre"), with_kwargs=True)
-        if needs_forward and "forward" not in self.installed.handles:
+        if (self.forward or self.backward) and "forward" not in self.installed.handles:
             self.installed.handles["forward"] = module.register_forward_hook(
                 Dispatch(self, "forward"), with_kwargs=True
             )
@@ -165,16 +177,18 @@ class ModuleSlot:
 
     def discard(self, handle: HookHandle) -> bool:
         """Take ``handle`` out; remove dispatchers nobody needs. Returns whether the slot is now empty."""
-        self.entries[handle.kind] = tuple(h for h in self.entries[handle.kind] if h is not handle)
-        if not (self.entries["forward_pre"] or self.entries["backward"]):
+        self._set(handle.kind, tuple(h for h in self.entries(handle.kind) if h is not handle))
+        if not (self.pre or self.backward):
             self.installed.release("pre")
-        if not (self.entries["forward"] or self.entries["backward"]):
+        if not (self.forward or self.backward):
             self.installed.release("forward")
-        return not any(self.entries.values())
+        return not (self.pre or self.forward or self.backward)
 
     # -- the hot path ------------------------------------------------------------------------------------------
     def _call_index(self, count: bool) -> int:
         """This call's index among the module's calls in the current run; ``count`` marks the call as done."""
+        if not self.count_calls:
+            return 0
         calls, run = self._calls, self.runs.run
         if getattr(calls, "run", None) != run:
             calls.run, calls.n = run, 0
@@ -186,16 +200,15 @@ class ModuleSlot:
     def run_pre(self, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         """Run the active forward pre-hooks in order, then prepare backward records."""
         changed = False
-        call = self._call_index(count="forward" not in self.installed.handles)
-        for h in self.entries["forward_pre"]:
+        call = self._call_index(count=not self.forward and not self.backward)
+        for h in self.pre:
             if h._on if h._shared else getattr(h._local, "on", False):
                 result = h._call_pre(module, args, kwargs, self.name, call)
                 if result is not None:
                     args, kwargs = result
                     changed = True
-        backward = self.entries["backward"]
-        if backward and torch.is_grad_enabled():
-            active = [h for h in backward if (h._on if h._shared else getattr(h._local, "on", False))]
+        if self.backward and torch.is_grad_enabled():
+            active = [h for h in self.backward if (h._on if h._shared else getattr(h._local, "on", False))]
             if active:
                 record = BackwardCall(module, self.name, call, active)
                 new_args, new_kwargs = record.take_inputs(args, kwargs, copy=self.copy_inputs)
@@ -210,21 +223,25 @@ class ModuleSlot:
         """Run the active forward hooks in order, then hook the outputs of this call for its backward record."""
         changed = False
         call = self._call_index(count=True)
-        for h in self.entries["forward"]:
+        for h in self.forward:
             if h._on if h._shared else getattr(h._local, "on", False):
-                result = h._call_forward(module, args, kwargs, output, self.name, call)
+                if h._plain:
+                    result = h._call_target(module, args, output)
+                else:
+                    result = h._call_forward(module, args, kwargs, output, self.name, call)
                 if result is not None:
                     output = result
                     changed = True
-        stack = self._pending.__dict__.get("stack")
-        if stack:
-            record = stack.pop()
-            if record.module is module:
-                new_output, overwritten = record.take_outputs(output)
-                if overwritten:
-                    self.copy_inputs = True
-                if new_output is not output:
-                    output, changed = new_output, True
+        if self.backward:
+            stack = self._pending.__dict__.get("stack")
+            if stack:
+                record = stack.pop()
+                if record.module is module:
+                    new_output, overwritten = record.take_outputs(output)
+                    if overwritten:
+                        self.copy_inputs = True
+                    if new_output is not output:
+                        output, changed = new_output, True
         return output if changed else None
 
 
@@ -372,9 +389,9 @@ class _Collect:
         self.record.collect(self.side, self.index, grad)
 
 
-def release_all(installed: list[Installed]) -> None:
+def release_all(installed: dict[int, Installed]) -> None:
     """Finaliser of a manager: remove everything its slots installed."""
-    for item in installed:
+    for item in list(installed.values()):
         item.release()
     installed.clear()
 

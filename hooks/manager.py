@@ -37,6 +37,15 @@ _SIGNATURES = {
 }
 
 
+def _fn_key(fn: Callable[..., Any]) -> Any:
+    """How a function is recognised again: by equality where it is hashable (bound methods), else by identity."""
+    try:
+        hash(fn)
+    except TypeError:
+        return id(fn)
+    return fn
+
+
 def _fn_name(fn: Callable[..., Any]) -> str:
     return getattr(fn, "__qualname__", None) or getattr(fn, "__name__", None) or repr(fn)
 
@@ -107,6 +116,7 @@ class HookHandle:
         self._call_target = adapter if adapter is not None else fn
         self._with_kwargs = with_kwargs
         self._keywords = keywords
+        self._plain = not keywords and not with_kwargs  # called as fn(module, args, output) directly
         self._retain = retain
         self._shared = group.threads == "all"
         self._on = False
@@ -245,10 +255,10 @@ class HookGroup:
         >>> model = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.ReLU(), torch.nn.Linear(4, 2))
         >>> seen = []
         >>> with HookManager(model).group("shapes") as g:
-        ...     _ = g.forward("*", lambda module, args, output, *, name: seen.append((name, tuple(output.shape))))
+        ...     _ = g.forward("**", lambda module, args, output, *, name: seen.append((name, tuple(output.shape))))
         ...     _ = model(torch.randn(5, 3))
         >>> seen
-        [('0', (5, 4)), ('1', (5, 4)), ('2', (5, 2)), ('', (5, 2))]
+        [('0', (5, 4)), ('1', (5, 4)), ('2', (5, 2))]
         >>> model._forward_hooks
         OrderedDict()
     """
@@ -259,7 +269,8 @@ class HookGroup:
         self.priority = priority
         self.threads = threads
         self.removed = False
-        self._handles: list[HookHandle] = []
+        self._handles: dict[HookHandle, None] = {}  # insertion-ordered set
+        self._keys: set[tuple[int, str, Any]] = set()  # (module id, kind, function) already in the group
 
     # -- registration ------------------------------------------------------------------------------------------
     def forward(
@@ -383,7 +394,7 @@ class HookManager:
         self.model = model
         self._groups: dict[str, HookGroup] = {}
         self._slots: dict[int, ModuleSlot] = {}
-        self._installed: list[Installed] = []
+        self._installed: dict[int, Installed] = {}  # all that the finaliser must undo; holds no manager
         self._seq = itertools.count()
         self._lock = threading.RLock()
         self._runs = RunState()
@@ -455,8 +466,7 @@ class HookManager:
         with self._lock:
             hook_fn = self._hook_function(fn, kind, hook_fn_name or (None if adapter is not None else _fn_name(fn)))
             for module_name, module in pairs:  # validate everything before touching anything
-                clash = [h for h in group._handles if h.module is module and h.fn is fn and h.kind == kind]
-                if clash:
+                if (id(module), kind, _fn_key(fn)) in group._keys:
                     raise HookError(
                         f"{_fn_name(fn)} is already a {kind} hook on {module_name!r} in group {group.name!r}; "
                         "remove it first, or register it in another group"
@@ -484,11 +494,12 @@ class HookManager:
                     slot = self._slots.get(id(module))
                     if slot is None:
                         slot = self._slots[id(module)] = ModuleSlot(module, name, self._runs)
-                        self._installed.append(slot.installed)
+                        self._installed[id(slot.installed)] = slot.installed
                         self._install_root_tick()
                     handles.append(handle)
                     slot.add(handle)
-                    group._handles.append(handle)
+                    group._handles[handle] = None
+                    group._keys.add((id(module), kind, _fn_key(fn)))
                     hook_fn.module_to_handle[module] = handle
                     self.name_to_hookhandle[handle.name] = handle
             except BaseException:
@@ -504,12 +515,11 @@ class HookManager:
                 Dispatch(self._runs, "root"), prepend=True
             )
             install_state_filter(self.model)
-            self._installed.append(self._root)
+            self._installed[id(self._root)] = self._root
 
     def _release_root_tick(self) -> None:
         if self._root is not None and not self._slots:
-            if self._root in self._installed:
-                self._installed.remove(self._root)
+            self._installed.pop(id(self._root), None)
             self._root.release()
             self._root = None
 
@@ -535,8 +545,8 @@ class HookManager:
                     continue
                 h.deactivate()
                 h.removed = True
-                if h in h.group._handles:
-                    h.group._handles.remove(h)
+                h.group._handles.pop(h, None)
+                h.group._keys.discard((id(h.module), h.kind, _fn_key(h.fn)))
                 if h.hook_fn.module_to_handle.get(h.module) is h:
                     del h.hook_fn.module_to_handle[h.module]
                 if self.name_to_hookhandle.get(h.name) is h:
@@ -544,8 +554,7 @@ class HookManager:
                 slot = self._slots.get(id(h.module))
                 if slot is not None and slot.discard(h):
                     del self._slots[id(h.module)]
-                    if slot.installed in self._installed:
-                        self._installed.remove(slot.installed)
+                    self._installed.pop(id(slot.installed), None)
                     slot.installed.release()
             self._release_root_tick()
 
@@ -566,7 +575,8 @@ class HookManager:
 
     def remove_function(self, fn: Callable[..., Any]) -> None:
         """Remove ``fn`` from every module and group it is registered on."""
-        self._remove_handles([h for h in self.handles() if h.fn is fn])
+        key = _fn_key(fn)
+        self._remove_handles([h for h in self.handles() if _fn_key(h.fn) == key])
 
     def remove_module(self, target: Target) -> None:
         """Remove every hook on the modules in ``target`` (names, globs, modules, types)."""
@@ -594,7 +604,7 @@ class HookManager:
             for h in found
             if (group_name is None or h.group.name == group_name)
             and (ids is None or id(h.module) in ids)
-            and (fn is None or h.fn is fn)
+            and (fn is None or _fn_key(h.fn) == _fn_key(fn))
             and (kind is None or h.kind == kind)
             and (active is None or h.is_active() == active)
         ]
@@ -606,7 +616,7 @@ class HookManager:
         if len(pairs) != 1:
             raise ValueError(f"`target` must name exactly one module; it matches {len(pairs)}")
         slot = self._slots.get(id(pairs[0][1]))
-        return list(slot.entries[kind]) if slot is not None else []
+        return list(slot.entries(kind)) if slot is not None else []
 
     def table(self) -> str:
         """A text table of every registered hook: group, priority, kind, module, function, state, order."""

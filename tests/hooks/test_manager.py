@@ -33,6 +33,16 @@ def test_targets_by_name_glob_object_type_and_list(resnet18):
     assert [h.module_name for h in g.forward(resnet18.fc, _log([], "c"))] == ["fc"]
     bns = g.forward(nn.BatchNorm2d, _log([], "d"))
     assert len(bns) == sum(isinstance(m, nn.BatchNorm2d) for m in resnet18.modules())
+    assert [h.module_name for h in g.forward("layer*", _log([], "g"))] == [f"layer{i}" for i in range(1, 5)]
+    every_relu = g.forward("**.relu", _log([], "h"))
+    assert [h.module_name for h in every_relu] == ["relu"] + [f"layer{i}.{j}.relu" for i in range(1, 5) for j in (0, 1)]
+    assert len(g.forward("**", _log([], "i"))) == len(list(resnet18.modules())) - 1  # all but the model itself
+    assert [h.module_name for h in g.forward("layer[!23].?.conv[1]", _log([], "j"))] == [
+        "layer1.0.conv1",
+        "layer1.1.conv1",
+        "layer4.0.conv1",
+        "layer4.1.conv1",
+    ]
     mixed = g.forward(["conv1", resnet18.layer1, nn.AdaptiveAvgPool2d], _log([], "e"))
     assert [h.module_name for h in mixed] == ["conv1", "layer1", "avgpool"]  # model order
     assert g.forward("", _log([], "f"))[0].module is resnet18
@@ -230,7 +240,7 @@ def test_deepcopy_pickle_and_torch_save_carry_no_hooks(tiny_cnn):
     before = hook_state(tiny_cnn)
     log: list[str] = []
     mgr = HookManager(tiny_cnn)
-    mgr.group("g").forward("*", lambda m, a, o: log.append("x"))  # a lambda: unpicklable if it were carried
+    mgr.group("g").forward("**", lambda m, a, o: log.append("x"))  # a lambda: unpicklable if it were carried
     mgr.group("g").backward("features.0", lambda m, gi, go: None)
     x = torch.randn(1, 3, 8, 8)
     copies = [copy.deepcopy(tiny_cnn), copy.copy(tiny_cnn), pickle.loads(pickle.dumps(tiny_cnn))]
@@ -242,7 +252,7 @@ def test_deepcopy_pickle_and_torch_save_carry_no_hooks(tiny_cnn):
         assert hook_state(clone) == before
         log.clear()
         torch.testing.assert_close(clone(x), tiny_cnn(x))
-        assert len(log) == len(list(tiny_cnn.modules()))  # only the original fired
+        assert len(log) == len(list(tiny_cnn.modules())) - 1  # only the original's submodules fired
     assert hook_state(copies[1])[""] == before[""]  # a shallow copy shares the children, not our root hook
     mgr.remove_all()
     assert hook_state(tiny_cnn) == before

@@ -116,12 +116,12 @@ def test_save_and_load_roundtrip(tmp_path):
 
 def test_removed_recorder_keeps_records_and_hooks_nothing(mlp):
     before = hook_state(mlp)
-    rec = Recorder(mlp, "*")
+    rec = Recorder(mlp, "**")
     mlp(torch.randn(1, 4))
     rec.remove()
     assert hook_state(mlp) == before
     mlp(torch.randn(1, 4))
-    assert rec["0"].samples == 1 and len(rec) == 4
+    assert rec["0"].samples == 1 and len(rec) == 3
     rec.clear()
     assert len(rec) == 0
 

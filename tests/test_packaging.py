@@ -1,0 +1,38 @@
+"""The distribution: import packages come from this checkout, hooks never imports attribution, public names."""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+import attribution
+import hooks
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_packages_come_from_this_checkout():
+    assert Path(attribution.__file__).resolve().parent == ROOT / "attribution"
+    assert Path(hooks.__file__).resolve().parent == ROOT / "hooks"
+    assert (ROOT / "hooks" / "py.typed").is_file() and (ROOT / "attribution" / "py.typed").is_file()
+
+
+def test_hooks_does_not_depend_on_attribution():
+    for path in (ROOT / "hooks").glob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module:
+                assert not node.module.startswith("attribution"), path
+            if isinstance(node, ast.Import):
+                assert all(not a.name.startswith("attribution") for a in node.names), path
+    code = "import sys, hooks; print('attribution' in sys.modules, 'matplotlib' in sys.modules)"
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT)
+    assert result.stdout.split() == ["False", "False"]
+
+
+def test_public_names_exist_and_are_documented():
+    for package in (hooks, attribution):
+        for name in package.__all__:
+            obj = getattr(package, name)
+            assert (obj.__doc__ or "").strip(), f"{package.__name__}.{name} has no docstring"
