@@ -1,3 +1,14 @@
-"""Attribution methods built on :mod:`hooks`: each call registers and removes its own hook group."""
+"""Attribution methods built on :mod:`hooks`: each call registers and removes its own hook group.
 
-__all__: list[str] = []
+Example:
+    >>> import torch, torchvision
+    >>> from attribution import GradCAM
+    >>> model = torchvision.models.resnet18(weights=None).eval()
+    >>> saliency = GradCAM(model, "layer4")(torch.randn(1, 3, 64, 64))
+    >>> saliency.shape, float(saliency.min()) >= 0, float(saliency.max()) <= 1
+    (torch.Size([1, 64, 64]), True, True)
+"""
+
+from .cam import EigenCAM, GradCAM, GradCAMPlusPlus, HiResCAM, LayerCAM, ScoreCAM, XGradCAM
+
+__all__ = ["EigenCAM", "GradCAM", "GradCAMPlusPlus", "HiResCAM", "LayerCAM", "ScoreCAM", "XGradCAM"]

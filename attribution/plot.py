@@ -1,0 +1,191 @@
+"""Plots of saliency maps, token relevance and patching results (matplotlib, imported inside the functions).
+
+Every function follows matplotlib's habits: it draws on ``ax=`` when given (else on a new figure), returns the axes
+or figure it drew on, never calls ``plt.show()``, and works with the Agg backend. Images may be tensors
+``(C, H, W)`` / ``(B, C, H, W)``, numpy arrays ``(H, W, C)`` or PIL images; ``mean``/``std`` undo a normalisation.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+if TYPE_CHECKING:
+    from matplotlib.axes import Axes
+    from matplotlib.figure import Figure
+
+
+def to_rgb(image: Any, mean: Sequence[float] | None = None, std: Sequence[float] | None = None) -> np.ndarray:
+    """An image as a float array ``(H, W, 3)`` in [0, 1], normalisation undone.
+
+    Args:
+        image: tensor ``(C, H, W)`` or ``(H, W)``, numpy array ``(H, W, C)`` or ``(H, W)``, or a PIL image.
+        mean: per-channel mean that was subtracted (tensors only).
+        std: per-channel standard deviation that was divided by (tensors only).
+    """
+    if isinstance(image, torch.Tensor):
+        x = image.detach().float().cpu()
+        if x.dim() == 2:
+            x = x[None]
+        if x.dim() != 3:
+            raise ValueError(f"`image` must be (C, H, W) or (H, W); got shape {tuple(image.shape)}")
+        if std is not None:
+            x = x * torch.as_tensor(std, dtype=x.dtype)[:, None, None]
+        if mean is not None:
+            x = x + torch.as_tensor(mean, dtype=x.dtype)[:, None, None]
+        if x.shape[0] == 1:
+            x = x.expand(3, -1, -1)
+        array = x.permute(1, 2, 0).numpy()
+        if mean is None and std is None and (array.min() < 0 or array.max() > 1):  # unknown scale: stretch
+            array = (array - array.min()) / max(float(array.max() - array.min()), 1e-12)
+        return np.clip(array, 0, 1)
+    array = np.asarray(image, dtype=np.float32)
+    if array.ndim == 2:
+        array = np.repeat(array[..., None], 3, axis=2)
+    if array.max() > 1:
+        array = array / 255.0
+    return np.clip(array[..., :3], 0, 1)
+
+
+def _map_array(saliency: Any, size: tuple[int, int]) -> np.ndarray:
+    """A saliency map as ``(H, W)`` numpy, bilinearly resized to ``size`` when needed."""
+    s = torch.as_tensor(np.asarray(saliency.detach().cpu() if isinstance(saliency, torch.Tensor) else saliency))
+    s = s.float().squeeze()
+    if s.dim() != 2:
+        raise ValueError(f"a saliency map must be (H, W); got shape {tuple(s.shape)}")
+    if tuple(s.shape) != size:
+        s = F.interpolate(s[None, None], size=size, mode="bilinear", align_corners=False)[0, 0]
+    return s.numpy()
+
+
+def overlay(
+    image: Any,
+    saliency: Any,
+    *,
+    ax: Axes | None = None,
+    cmap: str = "jet",
+    alpha: float = 0.5,
+    mean: Sequence[float] | None = None,
+    std: Sequence[float] | None = None,
+    contour: bool | Sequence[float] = False,
+    colorbar: bool = False,
+    title: str | None = None,
+    vmin: float | None = 0.0,
+    vmax: float | None = None,
+) -> Axes:
+    """Draw ``saliency`` over ``image``.
+
+    Args:
+        image: the image (see :func:`to_rgb`).
+        saliency: map ``(h, w)``; resized bilinearly to the image when its size differs.
+        ax: axes to draw on (default: a new figure).
+        cmap: colour map of the saliency.
+        alpha: opacity of the saliency layer.
+        mean: normalisation mean to undo on a tensor image.
+        std: normalisation standard deviation to undo on a tensor image.
+        contour: draw contour lines of the map (True for levels 0.5 and 0.8, or the levels to draw).
+        colorbar: add a colour bar for the saliency.
+        title: axes title.
+        vmin: lower end of the colour scale (default 0; None for the map's minimum).
+        vmax: upper end (default: the map's maximum).
+
+    Returns:
+        The axes.
+
+    Example:
+        >>> import torch, matplotlib
+        >>> matplotlib.use("Agg")
+        >>> ax = overlay(torch.rand(3, 32, 32), torch.rand(8, 8), colorbar=True)
+        >>> ax.images[-1].get_array().shape
+        (32, 32)
+    """
+    import matplotlib.pyplot as plt
+
+    if ax is None:
+        _, ax = plt.subplots(figsize=(4, 4))
+    rgb = to_rgb(image, mean, std)
+    heat = _map_array(saliency, rgb.shape[:2])
+    ax.imshow(rgb)
+    artist = ax.imshow(heat, cmap=cmap, alpha=alpha, vmin=vmin, vmax=vmax)
+    if contour is not False:
+        levels = [0.5, 0.8] if contour is True else list(contour)
+        top = float(heat.max()) or 1.0
+        ax.contour(heat / top, levels=levels, colors="white", linewidths=1.0)
+    if colorbar:
+        ax.figure.colorbar(artist, ax=ax, fraction=0.046, pad=0.04)
+    if title:
+        ax.set_title(title)
+    ax.set_axis_off()
+    return ax
+
+
+def show_batch(
+    images: torch.Tensor,
+    saliency: torch.Tensor,
+    *,
+    titles: Sequence[str] | None = None,
+    ncols: int = 4,
+    **kwargs: Any,
+) -> Figure:
+    """Overlay each map of a batch on its image, in a grid.
+
+    Args:
+        images: ``(B, C, H, W)``.
+        saliency: ``(B, h, w)``.
+        titles: one title per image.
+        ncols: grid width.
+        **kwargs: passed to :func:`overlay` (``cmap``, ``alpha``, ``mean``, ``std``, ``contour``...).
+
+    Returns:
+        The figure.
+    """
+    import matplotlib.pyplot as plt
+
+    if images.dim() != 4 or saliency.dim() != 3 or len(images) != len(saliency):
+        raise ValueError(
+            f"`images` (B, C, H, W) and `saliency` (B, h, w) must match; got {tuple(images.shape)} and "
+            f"{tuple(saliency.shape)}"
+        )
+    n = len(images)
+    cols = min(ncols, n)
+    rows = -(-n // cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(3 * cols, 3 * rows), squeeze=False)
+    for i, ax in enumerate(axes.flat):
+        if i < n:
+            overlay(images[i], saliency[i], ax=ax, title=titles[i] if titles else None, **kwargs)
+        else:
+            ax.set_axis_off()
+    fig.tight_layout()
+    return fig
+
+
+def compare(image: Any, maps: Mapping[str, Any], *, with_image: bool = True, **kwargs: Any) -> Figure:
+    """Several methods' maps for the same image, side by side (e.g. Grad-CAM, Grad-CAM++, rollout).
+
+    Args:
+        image: the image (see :func:`to_rgb`).
+        maps: method name -> map ``(h, w)``.
+        with_image: show the plain image first.
+        **kwargs: passed to :func:`overlay`.
+
+    Returns:
+        The figure.
+    """
+    import matplotlib.pyplot as plt
+
+    panels = len(maps) + int(with_image)
+    fig, grid = plt.subplots(1, panels, figsize=(3 * panels, 3.2), squeeze=False)
+    axes = list(grid[0])
+    if with_image:
+        ax = axes.pop(0)
+        ax.imshow(to_rgb(image, kwargs.get("mean"), kwargs.get("std")))
+        ax.set_title("image")
+        ax.set_axis_off()
+    for ax, (name, m) in zip(axes, maps.items(), strict=True):
+        overlay(image, m, ax=ax, title=name, **kwargs)
+    fig.tight_layout()
+    return fig
