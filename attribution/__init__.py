@@ -10,5 +10,18 @@ Example:
 """
 
 from .cam import EigenCAM, GradCAM, GradCAMPlusPlus, HiResCAM, LayerCAM, ScoreCAM, XGradCAM
+from .patching import Patch, activation_patching, patch, record
 
-__all__ = ["EigenCAM", "GradCAM", "GradCAMPlusPlus", "HiResCAM", "LayerCAM", "ScoreCAM", "XGradCAM"]
+__all__ = [
+    "EigenCAM",
+    "GradCAM",
+    "GradCAMPlusPlus",
+    "HiResCAM",
+    "LayerCAM",
+    "Patch",
+    "ScoreCAM",
+    "XGradCAM",
+    "activation_patching",
+    "patch",
+    "record",
+]

@@ -44,20 +44,31 @@ def target_scores(output: Any, target: Target, batch: int) -> torch.Tensor:
             got = tuple(scores.shape) if isinstance(scores, torch.Tensor) else type(scores).__name__
             raise ValueError(f"a callable `target` must return scores of shape ({batch},), one per item; got {got}")
         return scores
-    if not isinstance(output, torch.Tensor) or output.dim() != 2:
-        shape = tuple(output.shape) if isinstance(output, torch.Tensor) else type(output).__name__
+    logits = class_logits(output)
+    return logits.gather(1, class_indices(logits, target, batch)[:, None]).squeeze(1)
+
+
+def class_logits(output: Any) -> torch.Tensor:
+    """The ``(batch, classes)`` logits of a model output (a tensor, or an object with a ``logits`` tensor)."""
+    logits = getattr(output, "logits", output)
+    if not isinstance(logits, torch.Tensor) or logits.dim() != 2:
+        shape = tuple(logits.shape) if isinstance(logits, torch.Tensor) else type(output).__name__
         raise ValueError(
             f"an int or None `target` needs model outputs of shape (batch, classes); got {shape}. Pass a callable "
             "target instead, e.g. target=lambda out: out['logits'][:, 3] or lambda out: out[:, 1].mean((1, 2))"
         )
-    classes = output.shape[1]
+    return logits
+
+
+def class_indices(logits: torch.Tensor, target: Target, batch: int) -> torch.Tensor:
+    """The class of each item: ``target`` as a ``(batch,)`` index tensor (the top class for ``None``), checked."""
+    classes = logits.shape[1]
     if target is None:
-        index = output.detach().argmax(dim=1)
-    else:
-        index = torch.as_tensor(target, device=output.device).long().expand(batch)
-        bad = index[(index < 0) | (index >= classes)]
-        if bad.numel():
-            raise ValueError(
-                f"`target` class {bad[0].item()} is out of range: the model has {classes} classes (0..{classes - 1})"
-            )
-    return output.gather(1, index[:, None]).squeeze(1)
+        return logits.detach().argmax(dim=1)
+    index = torch.as_tensor(target, device=logits.device).long().expand(batch)
+    bad = index[(index < 0) | (index >= classes)]
+    if bad.numel():
+        raise ValueError(
+            f"`target` class {bad[0].item()} is out of range: the model has {classes} classes (0..{classes - 1})"
+        )
+    return index

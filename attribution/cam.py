@@ -34,7 +34,7 @@ from hooks._resolve import resolve
 
 from . import _cam_math as cm
 from ._guard import evaluating
-from ._targets import Target, check_target, target_scores
+from ._targets import Target, check_target, class_indices, class_logits, target_scores
 
 Reshape = str | Callable[[torch.Tensor], torch.Tensor] | None
 
@@ -121,8 +121,10 @@ class _CAM:
                 raise _TargetLayerError(
                     f"`layer` {name!r} returned {type(output).__name__}; CAMs need a floating-point tensor output"
                 )
-            if with_grad and not started:
-                tensor = tensor.detach().requires_grad_(True)  # the graph starts here: nothing before it is kept
+            if with_grad and (not started or not tensor.requires_grad):
+                # the graph starts at the first capture: nothing before it is kept. A later capture that does not
+                # depend on an earlier one (a parallel branch, with frozen parameters) starts its own.
+                tensor = tensor.detach().requires_grad_(True)
                 torch.set_grad_enabled(True)
                 started = True
             captured[name].append(tensor)
@@ -329,31 +331,22 @@ class ScoreCAM(_CAM):
     def _raw_maps(self, batch: torch.Tensor, target: Target) -> dict[str, torch.Tensor]:
         captured, output = self._run(batch, None, with_grad=False)
         chosen = {name: self._grid(a).float() for name, a in self._chosen(captured).items()}
-        if not callable(target):
-            classes = target_scores(output, target, batch.shape[0])  # validates the target
-            index = output.argmax(dim=1) if target is None else torch.as_tensor(target).long().expand(batch.shape[0])
-            del classes
-
-            def score(out: Any, rows: torch.Tensor) -> torch.Tensor:
-                return out.softmax(dim=1).gather(1, index[rows, None]).squeeze(1)
-        else:
-
-            def score(out: Any, rows: torch.Tensor) -> torch.Tensor:
-                return target(out)
-
+        index = None if callable(target) else class_indices(class_logits(output), target, batch.shape[0])
+        size = tuple(batch.shape[-2:])
         maps = {}
         with evaluating(self.model), torch.no_grad():
             for name, acts in chosen.items():
                 b, k = acts.shape[:2]
-                masks = cm.minmax(cm.upsample(acts.flatten(0, 1), tuple(batch.shape[-2:]))).view(
-                    b, k, *batch.shape[-2:]
-                )
                 weights = torch.empty(b, k)
                 steps = [(i, j) for i in range(b) for j in range(0, k, self.batch_size)]
-                bar = tqdm(steps, desc=f"Score-CAM {name}", disable=not self.progress, leave=False)
-                for i, j in bar:
-                    chunk = masks[i, j : j + self.batch_size, None].to(batch.dtype) * batch[i : i + 1]
-                    rows = torch.full((chunk.shape[0],), i, dtype=torch.long)
-                    weights[i, j : j + chunk.shape[0]] = score(self.model(chunk), rows).float().cpu()
+                for i, j in tqdm(steps, desc=f"Score-CAM {name}", disable=not self.progress, leave=False):
+                    masks = cm.minmax(cm.upsample(acts[i, j : j + self.batch_size], size))  # built chunk by chunk
+                    out = self.model(masks[:, None].to(batch.dtype) * batch[i : i + 1])
+                    if index is None:
+                        assert callable(target)
+                        scores = target(out)
+                    else:
+                        scores = class_logits(out).softmax(dim=1)[:, index[i]]
+                    weights[i, j : j + masks.shape[0]] = scores.float().cpu()
                 maps[name] = cm.weighted(acts, weights.to(acts.device))
         return maps

@@ -189,3 +189,79 @@ def compare(image: Any, maps: Mapping[str, Any], *, with_image: bool = True, **k
         overlay(image, m, ax=ax, title=name, **kwargs)
     fig.tight_layout()
     return fig
+
+
+def plot_patching(
+    result: torch.Tensor,
+    *,
+    tokens: Sequence[str] | None = None,
+    layers: Sequence[str] | None = None,
+    ax: Axes | None = None,
+    cmap: str = "RdBu_r",
+    title: str | None = None,
+    colorbar: bool = True,
+    annotate: bool = False,
+) -> Axes:
+    """Heatmap of an activation-patching result, with a diverging colour map centred at zero.
+
+    Args:
+        result: ``(layers,)``, ``(layers, positions)`` or ``(layers, heads)``; ``(layers, positions, heads)`` is
+            drawn with one row per layer and head (``L0.H1``...).
+        tokens: labels of the positions (the x axis), e.g. the input tokens.
+        layers: labels of the rows (default ``L0``, ``L1``...).
+        ax: axes to draw on (default: a new figure).
+        cmap: a diverging colour map; the colour limits are symmetric around 0.
+        title: axes title.
+        colorbar: add a colour bar.
+        annotate: write each value in its cell.
+
+    Returns:
+        The axes.
+    """
+    import matplotlib.pyplot as plt
+
+    values = result.detach().float().cpu()
+    row_labels = list(layers) if layers is not None else [f"L{i}" for i in range(values.shape[0])]
+    if values.dim() == 1:
+        values = values[:, None]
+        columns: list[str] = [""]
+    elif values.dim() == 3:
+        n_layers, n_pos, n_heads = values.shape
+        values = values.permute(0, 2, 1).reshape(n_layers * n_heads, n_pos)
+        row_labels = [f"{name}.H{h}" for name in row_labels for h in range(n_heads)]
+        columns = list(tokens) if tokens is not None else [str(p) for p in range(n_pos)]
+    elif values.dim() == 2:
+        columns = list(tokens) if tokens is not None else [str(p) for p in range(values.shape[1])]
+    else:
+        raise ValueError(f"`result` must have 1 to 3 axes (layers, positions/heads, heads); got {tuple(values.shape)}")
+    if len(columns) != values.shape[1]:
+        raise ValueError(f"{len(columns)} `tokens` for {values.shape[1]} columns")
+    if len(row_labels) != values.shape[0]:
+        raise ValueError(f"{len(row_labels)} `layers` labels for {values.shape[0]} rows")
+    if ax is None:
+        _, ax = plt.subplots(figsize=(max(3.0, 0.55 * values.shape[1] + 2), max(2.0, 0.35 * values.shape[0] + 1)))
+    limit = float(values.abs().max()) or 1.0
+    image = ax.imshow(values.numpy(), cmap=cmap, vmin=-limit, vmax=limit, aspect="auto")
+    ax.set_xticks(
+        range(values.shape[1]),
+        columns,
+        rotation=45 if tokens is not None else 0,
+        ha="right" if tokens is not None else "center",
+    )
+    ax.set_yticks(range(values.shape[0]), row_labels)
+    if annotate:
+        for (i, j), v in np.ndenumerate(values.numpy()):
+            ax.text(
+                j,
+                i,
+                f"{v:.2f}",
+                ha="center",
+                va="center",
+                fontsize=7,
+                color="white" if abs(v) > 0.6 * limit else "black",
+            )
+    if colorbar:
+        ax.figure.colorbar(image, ax=ax, fraction=0.046, pad=0.04)
+    if title:
+        ax.set_title(title)
+    return ax

@@ -65,12 +65,15 @@ def resolve(model: nn.Module | None, target: Target, what: str = "`target`") -> 
         TypeError: a target of another kind.
     """
     found: dict[int, tuple[str, nn.Module]] = {}
-    named = dict(model.named_modules()) if model is not None else {}
+    # every path of a module shared between parents is a valid name; the first one is its name
+    named = dict(model.named_modules(remove_duplicate=False)) if model is not None else {}
     for name, module in _resolve_one(model, named, target, what):
         found.setdefault(id(module), (name, module))
     if model is None:
         return list(found.values())
-    order = {id(m): i for i, m in enumerate(named.values())}
+    order: dict[int, int] = {}
+    for i, m in enumerate(named.values()):
+        order.setdefault(id(m), i)
     return sorted(found.values(), key=lambda pair: order[id(pair[1])])
 
 
@@ -83,7 +86,9 @@ class _Names:
 
     def name_of(self, module: nn.Module) -> str | None:
         if self._by_id is None:
-            self._by_id = {id(m): n for n, m in self.named.items()}
+            self._by_id = {}
+            for n, m in self.named.items():
+                self._by_id.setdefault(id(m), n)
         return self._by_id.get(id(module))
 
 

@@ -52,7 +52,12 @@ class Dispatch:
             return slot.run_pre(module, *args)
         if self.phase == "forward":
             return slot.run_forward(module, *args)
-        slot.run += 1  # "root": a forward of the manager's model starts; call indices restart
+        if self.phase == "root-pre":  # a forward of the manager's model starts: call indices restart
+            if slot.active == 0:
+                slot.run += 1
+            slot.active += 1
+        else:  # "root-post", registered with always_call: also runs when the forward raises
+            slot.active = max(0, slot.active - 1)
         return None
 
     def __repr__(self) -> str:
@@ -62,9 +67,14 @@ class Dispatch:
 
 
 class RunState(threading.local):
-    """Per-thread count of forwards of a manager's model; a module's call index restarts with each one."""
+    """Per thread: which forward of the manager's model this is, and how many are in progress.
+
+    A module's call index restarts with each forward of the model; a call made outside any (a submodule called on
+    its own, or a manager without a model) is numbered 0.
+    """
 
     run = 0
+    active = 0
 
 
 class StateFilter:
@@ -135,19 +145,25 @@ class Installed:
 
 
 class ModuleSlot:
-    """The ordered hooks one manager has on one module, and the two dispatchers that run them."""
+    """The ordered hooks one manager has on one module, and the two dispatchers that run them.
+
+    Both dispatchers are installed when the manager first hooks the module, so all of the manager's hooks on it
+    sit at that place among the module's hooks, whatever kinds are added later.
+    """
 
     def __init__(self, module: nn.Module, name: str, runs: RunState) -> None:
         self.name = name
         self.runs = runs
-        self._calls = threading.local()  # (run, number of calls of the module so far in that run)
+        self._local = threading.local()  # per thread: the call counter and the stack of calls in progress
         self.installed = Installed(module)
         self.pre: tuple[HookHandle, ...] = ()
         self.forward: tuple[HookHandle, ...] = ()
         self.backward: tuple[HookHandle, ...] = ()
         self.count_calls = False  # only counted when a hook asks for `call` or gradients are recorded
         self.copy_inputs = bool(getattr(module, "inplace", False))  # in-place modules overwrite their input
-        self._pending = threading.local()  # stack of backward records between the pre and the forward phase
+        self.installed.handles["pre"] = module.register_forward_pre_hook(Dispatch(self, "pre"), with_kwargs=True)
+        self.installed.handles["forward"] = module.register_forward_hook(Dispatch(self, "forward"), with_kwargs=True)
+        install_state_filter(module)
 
     # -- bookkeeping -------------------------------------------------------------------------------------------
     _ATTR: ClassVar[dict[str, str]] = {"forward_pre": "pre", "forward": "forward", "backward": "backward"}
@@ -163,50 +179,40 @@ class ModuleSlot:
         self.count_calls = bool(self.backward) or any("call" in h._keywords for h in everything)
 
     def add(self, handle: HookHandle) -> None:
-        """Insert ``handle`` at its place (group priority, then registration order) and install dispatchers."""
+        """Insert ``handle`` at its place: group priority, then registration order."""
         self._set(handle.kind, (*self.entries(handle.kind), handle))
-        module = self.installed.module_ref()
-        assert module is not None
-        if (self.pre or self.backward) and "pre" not in self.installed.handles:
-            self.installed.handles["pre"] = module.register_forward_pre_hook(Dispatch(self, "pre"), with_kwargs=True)
-        if (self.forward or self.backward) and "forward" not in self.installed.handles:
-            self.installed.handles["forward"] = module.register_forward_hook(
-                Dispatch(self, "forward"), with_kwargs=True
-            )
-        install_state_filter(module)
 
     def discard(self, handle: HookHandle) -> bool:
-        """Take ``handle`` out; remove dispatchers nobody needs. Returns whether the slot is now empty."""
+        """Take ``handle`` out. Returns whether the slot is now empty (its dispatchers are then released)."""
         self._set(handle.kind, tuple(h for h in self.entries(handle.kind) if h is not handle))
-        if not (self.pre or self.backward):
-            self.installed.release("pre")
-        if not (self.forward or self.backward):
-            self.installed.release("forward")
+        if not self.backward:
+            self._local = threading.local()  # drop the records of calls left unfinished by an exception
         return not (self.pre or self.forward or self.backward)
 
     # -- the hot path ------------------------------------------------------------------------------------------
-    def _call_index(self, count: bool) -> int:
-        """This call's index among the module's calls in the current run; ``count`` marks the call as done."""
-        if not self.count_calls:
+    def _next_index(self) -> int:
+        """This call's index among the module's calls in the current forward of the model (see RunState)."""
+        runs, local = self.runs, self._local
+        if runs.active == 0:
             return 0
-        calls, run = self._calls, self.runs.run
-        if getattr(calls, "run", None) != run:
-            calls.run, calls.n = run, 0
-        index: int = calls.n
-        if count:
-            calls.n = index + 1
+        if getattr(local, "run", None) != runs.run:
+            local.run, local.n = runs.run, 0
+        index: int = local.n
+        local.n = index + 1
         return index
 
     def run_pre(self, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-        """Run the active forward pre-hooks in order, then prepare backward records."""
+        """Number the call, run the active forward pre-hooks in order, then prepare its backward record."""
+        tracked = self.count_calls
+        call = self._next_index() if tracked else 0
         changed = False
-        call = self._call_index(count=not self.forward and not self.backward)
         for h in self.pre:
             if h._on if h._shared else getattr(h._local, "on", False):
                 result = h._call_pre(module, args, kwargs, self.name, call)
                 if result is not None:
                     args, kwargs = result
                     changed = True
+        record = None
         if self.backward and torch.is_grad_enabled():
             active = [h for h in self.backward if (h._on if h._shared else getattr(h._local, "on", False))]
             if active:
@@ -214,15 +220,20 @@ class ModuleSlot:
                 new_args, new_kwargs = record.take_inputs(args, kwargs, copy=self.copy_inputs)
                 if new_args is not args or new_kwargs is not kwargs:
                     args, kwargs, changed = new_args, new_kwargs, True
-                stack = self._pending.__dict__.setdefault("stack", [])
-                stack.append(record)
-                del stack[:-_MAX_PENDING]
+        if tracked:
+            stack = self._local.__dict__.setdefault("stack", [])
+            stack.append((call, record))
+            del stack[:-_MAX_PENDING]  # calls whose forward raised never pop theirs
         return (args, kwargs) if changed else None
 
     def run_forward(self, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], output: Any) -> Any:
         """Run the active forward hooks in order, then hook the outputs of this call for its backward record."""
+        call, record = 0, None
+        if self.count_calls:
+            stack = self._local.__dict__.get("stack")
+            if stack:
+                call, record = stack.pop()
         changed = False
-        call = self._call_index(count=True)
         for h in self.forward:
             if h._on if h._shared else getattr(h._local, "on", False):
                 if h._plain:
@@ -232,45 +243,31 @@ class ModuleSlot:
                 if result is not None:
                     output = result
                     changed = True
-        if self.backward:
-            stack = self._pending.__dict__.get("stack")
-            if stack:
-                record = stack.pop()
-                if record.module is module:
-                    new_output, overwritten = record.take_outputs(output)
-                    if overwritten:
-                        self.copy_inputs = True
-                    if new_output is not output:
-                        output, changed = new_output, True
+        if record is not None and record.module is module:
+            new_output, overwritten = record.take_outputs(output)
+            if overwritten:
+                self.copy_inputs = True
+            if new_output is not output:
+                output, changed = new_output, True
         return output if changed else None
 
 
 class BackwardCall:
     """The gradients of one forward call of one module, gathered by tensor hooks, handed to backward hooks once.
 
-    Inputs that require grad are replaced by an alias (a view, or a copy for modules that write into their input)
-    whose tensor hook sees exactly the gradient that flows through this call. Outputs get tensor hooks registered
-    before any later in-place operation, so they see the gradient of the module's true output (see
-    :meth:`take_outputs` for the outputs that are passed on as copies). The record fires
-    when every input that requires grad has its gradient; when some never get one (unused, or cut off by
-    ``torch.autograd.grad``), it fires at the end of the backward pass with ``None`` in their place.
+    Inputs that require grad are replaced by an alias whose tensor hook sees exactly the gradient that flows through
+    this call: a view, or for modules that write into their input (``inplace=True``) a copy whose new value is
+    written back into the caller's tensor after the call, which the module then returns as it would have. Outputs
+    get tensor hooks registered before any later in-place operation, so they see the gradient of the module's true
+    output (see :meth:`take_outputs` for the outputs passed on as copies). The record fires when every input that
+    requires grad has its gradient; when some never get one (unused, or cut off by ``torch.autograd.grad``), it
+    fires at the end of the backward pass with ``None`` in their place.
     """
 
     __slots__ = (
-        "arrived",
-        "call",
-        "expected",
-        "fired",
-        "grad_in",
-        "grad_out",
-        "handles",
-        "inputs",
-        "module",
-        "name",
-        "outputs",
-        "queued",
-        "views",
-    )
+        "aliases", "arrived", "call", "expected", "fired", "grad_in", "grad_out", "handles", "inputs", "module",
+        "name", "outputs", "queued",
+    )  # fmt: skip
 
     def __init__(self, module: nn.Module, name: str, call: int, handles: list[HookHandle]) -> None:
         self.module = module
@@ -281,7 +278,9 @@ class BackwardCall:
         self.grad_out: list[torch.Tensor | None] = []
         self.expected: set[tuple[str, int]] = set()
         self.arrived: set[tuple[str, int]] = set()
-        self.views: list[tuple[int, torch.Tensor, int]] = []
+        # (position, weak ref to the alias, its version, the caller's tensor if the alias is a copy): weak, so that a
+        # record left behind by a forward that raised does not keep the input's graph alive
+        self.aliases: list[tuple[int, weakref.ref[torch.Tensor], int, torch.Tensor | None]] = []
         self.fired = False
         self.queued = False
         self.inputs: tuple[Any, ...] = ()
@@ -300,8 +299,7 @@ class BackwardCall:
             if isinstance(leaf, torch.Tensor) and leaf.requires_grad:
                 alias = leaf.clone() if copy else leaf.view_as(leaf)
                 alias.register_hook(_Collect(self, "in", i))
-                if not copy:
-                    self.views.append((i, alias, alias._version))
+                self.aliases.append((i, weakref.ref(alias), alias._version, leaf if copy else None))
                 self.expected.add(("in", i))
                 leaves[i] = alias
                 replaced = True
@@ -313,29 +311,44 @@ class BackwardCall:
     def take_outputs(self, output: Any) -> tuple[Any, bool]:
         """Hook the output tensors; return the output to pass on and whether the module wrote into an input view.
 
-        A lone output tensor is hooked as it is (a hook registered before a later in-place operation still sees
-        the gradient of the value the module returned). Outputs that are views (which lose their hooks when
-        modified in place), that are the module's own input, or that come several at a time (one may have been
-        computed from another inside the module) are passed on as copies, so their gradients come only from
-        what happens after the module.
+        A lone output tensor is hooked as it is (a hook registered before a later in-place operation still sees the
+        gradient of the value the module returned); a leaf (a parameter returned as is) is hooked through a view,
+        so that no hook stays on it. Outputs that are views (which lose their hooks when modified in place), that are
+        the module's own input, or that come several at a time (one may have been computed from another inside the
+        module) are passed on as copies, so that their gradients come only from what happens after the module.
         """
+        written_back: dict[int, torch.Tensor] = {}
+        overwritten = []
+        for i, ref, version, original in self.aliases:
+            alias = ref()
+            if alias is None or alias._version == version:
+                continue
+            if original is None:  # a view: the write reached the caller's tensor, but the view's hook is lost
+                overwritten.append(i)
+                self.expected.discard(("in", i))
+            else:  # a copy: give the caller's tensor the value the module wrote, as without hooks
+                original.copy_(alias)
+                written_back[id(alias)] = original
+        aliases = {id(ref()) for _, ref, _, _ in self.aliases}
+        self.aliases = []
         leaves, spec = pytree.tree_flatten(output)
         self.grad_out = [None] * len(leaves)
         tensors = [j for j, leaf in enumerate(leaves) if isinstance(leaf, torch.Tensor) and leaf.requires_grad]
-        aliases = {id(view) for _, view, _ in self.views}
         replaced = False
         for j in tensors:
             leaf = leaves[j]
-            if len(tensors) > 1 or leaf._is_view() or id(leaf) in aliases:
+            if id(leaf) in written_back:  # an in-place module returns the caller's tensor itself
+                leaf = leaves[j] = written_back[id(leaf)]
+                replaced = True
+            elif len(tensors) > 1 or leaf._is_view() or id(leaf) in aliases:
                 leaf = leaves[j] = leaf.clone()
+                replaced = True
+            elif leaf.is_leaf:
+                leaf = leaves[j] = leaf.view_as(leaf)
                 replaced = True
             leaf.register_hook(_Collect(self, "out", j))
         if any(h._retain for h in self.handles):
             self.outputs = tuple(leaves)
-        overwritten = [i for i, view, version in self.views if view._version != version]
-        self.views = []
-        for i in overwritten:  # the view's hook is lost once the view is modified in place
-            self.expected.discard(("in", i))
         if overwritten:
             warnings.warn(
                 f"module {self.name!r} modified its input in place; grad_input for this call is None at "

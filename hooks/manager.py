@@ -225,11 +225,13 @@ class HookFunction:
         module_to_handle: module -> :class:`HookHandle`.
     """
 
-    def __init__(self, function: Callable[..., Any], name: str, hook_type: str) -> None:
+    def __init__(self, function: Callable[..., Any], name: str, hook_type: str, *, persistent: bool = False) -> None:
         self.function = function
         self.name = name
         self.hook_type = hook_type
         self.module_to_handle: dict[nn.Module, HookHandle] = {}
+        self.persistent = persistent  # TackleBox-style: kept (with its id) until remove_hook_function
+        self.live = 0  # handles of this function not yet removed
 
     @property
     def handles(self) -> list[HookHandle]:
@@ -410,7 +412,7 @@ class HookManager:
 
     # -- groups ------------------------------------------------------------------------------------------------
     def group(
-        self, name: str, priority: int | None = None, *, threads: Literal["current", "all"] = "current"
+        self, name: str, priority: int | None = None, *, threads: Literal["current", "all"] | None = None
     ) -> HookGroup:
         """Return the group called ``name``, creating it if needed.
 
@@ -421,18 +423,18 @@ class HookManager:
                 not fire for forwards run by another thread. ``"all"`` makes activation global (needed for
                 ``nn.DataParallel`` replicas, which run in worker threads).
         """
-        if threads not in ("current", "all"):
+        if threads not in (None, "current", "all"):
             raise ValueError(f"`threads` must be 'current' or 'all'; got {threads!r}")
         with self._lock:
             existing = self._groups.get(name)
             if existing is not None:
-                if (priority is not None and priority != existing.priority) or threads != existing.threads:
+                if (priority is not None and priority != existing.priority) or threads not in (None, existing.threads):
                     raise HookError(
                         f"group {name!r} exists with priority={existing.priority}, threads={existing.threads!r}; "
                         f"asked for priority={priority}, threads={threads!r}. Use another name or remove it first."
                     )
                 return existing
-            group = HookGroup(self, name, 0 if priority is None else int(priority), threads)
+            group = HookGroup(self, name, 0 if priority is None else int(priority), threads or "current")
             self._groups[name] = group
             return group
 
@@ -464,13 +466,14 @@ class HookManager:
             raise TypeError("`target` is required: a module name, glob, module, module type or a list of these")
         pairs = named if named is not None else resolve(self.model, target)  # type: ignore[arg-type]
         with self._lock:
-            hook_fn = self._hook_function(fn, kind, hook_fn_name or (None if adapter is not None else _fn_name(fn)))
             for module_name, module in pairs:  # validate everything before touching anything
                 if (id(module), kind, _fn_key(fn)) in group._keys:
                     raise HookError(
                         f"{_fn_name(fn)} is already a {kind} hook on {module_name!r} in group {group.name!r}; "
                         "remove it first, or register it in another group"
                     )
+            compat = adapter is not None
+            hook_fn = self._hook_function(fn, kind, hook_fn_name or (None if compat else _fn_name(fn)), compat)
             handles = []
             try:
                 for module_name, module in pairs:
@@ -501,18 +504,26 @@ class HookManager:
                     group._handles[handle] = None
                     group._keys.add((id(module), kind, _fn_key(fn)))
                     hook_fn.module_to_handle[module] = handle
+                    hook_fn.live += 1
                     self.name_to_hookhandle[handle.name] = handle
             except BaseException:
                 self._remove_handles(handles)
+                if hook_fn.live == 0 and not hook_fn.persistent:
+                    self._forget_function(hook_fn)
                 raise
+            if not handles and not hook_fn.persistent:
+                self._forget_function(hook_fn)
             return handles
 
     def _install_root_tick(self) -> None:
         """A pre-hook on the model, first in line, that restarts call indices at each forward of the model."""
         if self.model is not None and self._root is None:
             self._root = Installed(self.model)
-            self._root.handles["root"] = self.model.register_forward_pre_hook(
-                Dispatch(self._runs, "root"), prepend=True
+            self._root.handles["root-pre"] = self.model.register_forward_pre_hook(
+                Dispatch(self._runs, "root-pre"), prepend=True
+            )
+            self._root.handles["root-post"] = self.model.register_forward_hook(
+                Dispatch(self._runs, "root-post"), always_call=True
             )
             install_state_filter(self.model)
             self._installed[id(self._root)] = self._root
@@ -523,19 +534,26 @@ class HookManager:
             self._root.release()
             self._root = None
 
-    def _hook_function(self, fn: Callable[..., Any], kind: str, name: str | None) -> HookFunction:
+    def _hook_function(self, fn: Callable[..., Any], kind: str, name: str | None, persistent: bool) -> HookFunction:
         hook_type = f"{kind}_hook"
-        existing = self.function_to_hookfn.get(fn)
+        existing = self.function_to_hookfn.get(_fn_key(fn))
         if existing is not None:
+            existing.persistent |= persistent
             return existing
         name = name or repr(fn)
         while name in self.name_to_hookfn:  # TackleBox: a taken id gets a numeric suffix
             stem, _, count = name.rpartition("_")
             name = f"{stem}_{int(count) + 1}" if stem and count.isdigit() else f"{name}_1"
-        hook_fn = HookFunction(fn, name, hook_type)
-        self.function_to_hookfn[fn] = hook_fn
+        hook_fn = HookFunction(fn, name, hook_type, persistent=persistent)
+        self.function_to_hookfn[_fn_key(fn)] = hook_fn
         self.name_to_hookfn[name] = hook_fn
         return hook_fn
+
+    def _forget_function(self, hook_fn: HookFunction) -> None:
+        if self.function_to_hookfn.get(_fn_key(hook_fn.function)) is hook_fn:
+            del self.function_to_hookfn[_fn_key(hook_fn.function)]
+        if self.name_to_hookfn.get(hook_fn.name) is hook_fn:
+            del self.name_to_hookfn[hook_fn.name]
 
     # -- removal -----------------------------------------------------------------------------------------------
     def _remove_handles(self, handles: list[HookHandle]) -> None:
@@ -549,6 +567,9 @@ class HookManager:
                 h.group._keys.discard((id(h.module), h.kind, _fn_key(h.fn)))
                 if h.hook_fn.module_to_handle.get(h.module) is h:
                     del h.hook_fn.module_to_handle[h.module]
+                h.hook_fn.live -= 1
+                if h.hook_fn.live == 0 and not h.hook_fn.persistent:
+                    self._forget_function(h.hook_fn)
                 if self.name_to_hookhandle.get(h.name) is h:
                     del self.name_to_hookhandle[h.name]
                 slot = self._slots.get(id(h.module))
@@ -696,7 +717,7 @@ class HookManager:
         named = self._compat_names(modules, named_modules)
         if not named:  # TackleBox allows naming a function before attaching it anywhere
             with self._lock:
-                self._hook_function(function, kind, hook_fn_name)
+                self._hook_function(function, kind, hook_fn_name, True)
             return []
         adapter = _tacklebox_adapter(kind, function, retain_forward_cache)
         handles = self._register(
@@ -875,12 +896,11 @@ class HookManager:
 
     def remove_hook_function(self, function: Callable[..., Any]) -> None:
         """TackleBox: remove ``function`` from every module and forget it."""
-        hook_fn = self.function_to_hookfn.get(function)
+        hook_fn = self.function_to_hookfn.get(_fn_key(function))
         if hook_fn is None:
             raise KeyError(f"{_fn_name(function)} is not registered with this manager")
         self.remove_function(function)
-        del self.function_to_hookfn[function]
-        self.name_to_hookfn.pop(hook_fn.name, None)
+        self._forget_function(hook_fn)
 
     def remove_hook_function_by_name(self, hook_fn_name: str) -> None:
         """TackleBox: :meth:`remove_hook_function` by the function's id."""

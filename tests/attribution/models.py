@@ -34,3 +34,74 @@ def small_vgg() -> SmallVGG:
 
 def gradcam_reference() -> dict:
     return torch.load(DATA / "gradcam" / "gradcam_reference.pt", weights_only=True)
+
+
+class _Attention(nn.Module):
+    """Causal multi-head attention returning ``(output, pattern)``; heads are concatenated before ``o``."""
+
+    def __init__(self, d_model: int, n_heads: int, d_head: int) -> None:
+        super().__init__()
+        self.n_heads, self.d_head = n_heads, d_head
+        self.q = nn.Linear(d_model, n_heads * d_head)
+        self.k = nn.Linear(d_model, n_heads * d_head)
+        self.v = nn.Linear(d_model, n_heads * d_head)
+        self.o = nn.Linear(n_heads * d_head, d_model)
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        b, t, _ = x.shape
+        q, k, v = (f(x).view(b, t, self.n_heads, self.d_head).transpose(1, 2) for f in (self.q, self.k, self.v))
+        scores = (q @ k.transpose(-2, -1)) / self.d_head**0.5
+        causal = torch.ones(t, t, dtype=torch.bool, device=x.device).triu(1)
+        pattern = scores.masked_fill(causal, float("-inf")).softmax(dim=-1)
+        heads = (pattern @ v).transpose(1, 2).reshape(b, t, self.n_heads * self.d_head)
+        return self.o(heads), pattern
+
+
+class _MLP(nn.Module):
+    def __init__(self, d_model: int, d_mlp: int) -> None:
+        super().__init__()
+        self.fc_in, self.fc_out = nn.Linear(d_model, d_mlp), nn.Linear(d_mlp, d_model)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc_out(torch.nn.functional.gelu(self.fc_in(x)))
+
+
+class _Block(nn.Module):
+    def __init__(self, c: dict) -> None:
+        super().__init__()
+        self.ln1 = nn.LayerNorm(c["d_model"], eps=c["eps"])
+        self.attn = _Attention(c["d_model"], c["n_heads"], c["d_head"])
+        self.ln2 = nn.LayerNorm(c["d_model"], eps=c["eps"])
+        self.mlp = _MLP(c["d_model"], c["d_mlp"])
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x + self.attn(self.ln1(x))[0]
+        return x + self.mlp(self.ln2(x))
+
+
+class TinyGPT(nn.Module):
+    """Pre-LN decoder-only transformer of the patching reference data (same function and state_dict keys)."""
+
+    def __init__(self, c: dict) -> None:
+        super().__init__()
+        self.tok_embed = nn.Embedding(c["d_vocab"], c["d_model"])
+        self.pos = nn.Embedding(c["n_ctx"], c["d_model"])
+        self.layers = nn.ModuleList(_Block(c) for _ in range(c["n_layers"]))
+        self.ln_out = nn.LayerNorm(c["d_model"], eps=c["eps"])
+        self.head = nn.Linear(c["d_model"], c["d_vocab"], bias=False)
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        x = self.tok_embed(tokens) + self.pos(torch.arange(tokens.shape[1], device=tokens.device))
+        for block in self.layers:
+            x = block(x)
+        return self.head(self.ln_out(x))
+
+
+def tiny_gpt() -> tuple[TinyGPT, dict]:
+    """The reference transformer with its weights, and the reference results."""
+    import json
+
+    config = json.loads((DATA / "patching" / "tiny_config.json").read_text())["config"]
+    model = TinyGPT(config)
+    model.load_state_dict(torch.load(DATA / "patching" / "tiny_model_state.pt", weights_only=True))
+    return model.eval(), torch.load(DATA / "patching" / "patching_reference.pt", weights_only=True)

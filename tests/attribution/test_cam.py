@@ -426,3 +426,28 @@ def test_pointing_game_on_a_trained_cnn():
     inside = (rows >= boxes[:, 0]) & (rows < boxes[:, 0] + 9) & (cols >= boxes[:, 1]) & (cols < boxes[:, 1] + 9)
     assert accuracy > 0.9, accuracy
     assert inside.float().mean() >= 0.95, inside.float().mean()
+
+
+def test_frozen_siamese_branches_each_get_gradients():
+    torch.manual_seed(0)
+
+    class Siamese(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.encoder = nn.Sequential(nn.Conv2d(3, 4, 3, padding=1), nn.ReLU())
+            self.head = nn.Linear(8, 2)
+
+        def forward(self, x):
+            left, right = self.encoder(x), self.encoder(x.flip(-1))
+            return self.head(torch.cat([left.mean((2, 3)), right.mean((2, 3))], 1))
+
+    model = Siamese().eval().requires_grad_(False)
+    x = torch.randn(2, 3, 8, 8)
+    first = GradCAM(model, "encoder.0", call=0)(x, 1, upsample=False, normalize=False)
+    second = GradCAM(model, "encoder.0", call=1)(x, 1, upsample=False, normalize=False)
+    acts = [model.encoder[0](x), model.encoder[0](x.flip(-1))]
+    weights = model.head.weight[1].view(2, 4)  # d score / d mean(relu(a)) per branch and channel
+    for branch, ours in enumerate([first, second]):
+        a = acts[branch]
+        g = weights[branch][None, :, None, None] * (a > 0).float() / 64
+        torch.testing.assert_close(ours, F.relu((g.mean((2, 3), keepdim=True) * a).sum(1)))

@@ -1,0 +1,447 @@
+"""Activation patching for any ``nn.Module``: record activations, patch them in, sweep over layers/positions/heads.
+
+A *site* is the output (or the first positional input) of a named module; for modules that return tuples,
+``element`` picks the tensor (an attention block returning ``(out, weights)``: ``element=0``). Positions index the
+activation's axis 1 (``(batch, tokens, ...)``); heads are read through an einops pattern that splits the last axis,
+``"b t (h d) -> b t h d"`` by default.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import einops
+import torch
+from torch import nn
+from torch.utils import _pytree as pytree
+from tqdm.auto import tqdm
+
+from hooks import HookManager
+from hooks._resolve import Target, resolve
+
+from ._guard import evaluating
+from ._inputs import batch_size, call
+
+Site = Literal["output", "input"]
+Index = tuple[Any, ...]
+DEFAULT_HEAD_PATTERN = "b t (h d) -> b t h d"
+
+
+# -- pure helpers ----------------------------------------------------------------------------------------------
+def _select(value: Any, element: int | None, where: str) -> torch.Tensor:
+    if element is not None:
+        if not isinstance(value, (tuple, list)):
+            raise TypeError(f"{where} is a {type(value).__name__}, not a tuple: `element`={element} does not apply")
+        if not -len(value) <= element < len(value):
+            raise IndexError(f"`element`={element}, but {where} is a tuple of {len(value)}")
+        value = value[element]
+    if not isinstance(value, torch.Tensor):
+        hint = " (it is a tuple: pass element=i to choose)" if isinstance(value, (tuple, list)) else ""
+        raise TypeError(f"{where} is a {type(value).__name__}, not a tensor{hint}")
+    return value
+
+
+def _put(value: Any, element: int | None, tensor: torch.Tensor) -> Any:
+    if element is None:
+        return tensor
+    items = list(value)
+    items[element] = tensor
+    return type(value)(items)
+
+
+def _inverse(pattern: str) -> str:
+    left, right = pattern.split("->")
+    return f"{right.strip()} -> {left.strip()}"
+
+
+def replace(
+    activation: torch.Tensor,
+    source: torch.Tensor | Callable[[torch.Tensor], torch.Tensor],
+    index: Index = (),
+    *,
+    pattern: str | None = None,
+    sizes: Mapping[str, int] | None = None,
+    source_index: Index | None = None,
+) -> torch.Tensor:
+    """A copy of ``activation`` with ``activation[index]`` taken from ``source`` (viewed through ``pattern``).
+
+    Args:
+        activation: the tensor to patch.
+        source: a tensor shaped like ``activation`` (its ``source_index`` part is copied), or a function of the
+            (viewed) activation returning the new values of the whole view.
+        index: where to patch, in the viewed tensor (``()`` patches everything).
+        pattern: an einops pattern that views the activation, e.g. ``"b t (h d) -> b t h d"``.
+        sizes: axis sizes the pattern needs (``{"h": 8}``).
+        source_index: where to read in ``source`` (default: ``index``).
+
+    Example:
+        >>> a, b = torch.zeros(1, 2, 4), torch.ones(1, 2, 4)
+        >>> replace(a, b, (slice(None), 1, 0), pattern="b t (h d) -> b t h d", sizes={"h": 2})
+        tensor([[[0., 0., 0., 0.],
+                 [1., 1., 0., 0.]]])
+    """
+    sizes = dict(sizes or {})
+    view = einops.rearrange(activation, pattern, **sizes) if pattern else activation
+    if callable(source) and not isinstance(source, torch.Tensor):
+        new = source(view)
+        if not isinstance(new, torch.Tensor) or new.shape != view.shape:
+            raise ValueError(
+                f"a patch function must return a tensor of shape {tuple(view.shape)}; got "
+                f"{tuple(new.shape) if isinstance(new, torch.Tensor) else type(new).__name__}"
+            )
+        if index:
+            patched = view.clone()
+            patched[index] = new[index]
+            new = patched
+    else:
+        src = einops.rearrange(source, pattern, **sizes) if pattern else source
+        new = view.clone()
+        new[index] = src[index if source_index is None else source_index].to(new.dtype)
+    if not pattern:
+        return new
+    restored: torch.Tensor = einops.rearrange(new, _inverse(pattern), **{k: v for k, v in sizes.items()})
+    return restored
+
+
+# -- record and patch ------------------------------------------------------------------------------------------
+@contextmanager
+def record(
+    model: nn.Module, layers: Target, *, site: Site = "output", element: int | None = None
+) -> Iterator[dict[str, torch.Tensor]]:
+    """Record the activations of ``layers`` during the runs inside the ``with`` block.
+
+    Yields a dict ``name -> tensor`` (detached copies, taken before any later in-place operation), filled as the
+    model runs; a module that runs several times keeps its last call.
+
+    Example:
+        >>> model = torch.nn.Sequential(torch.nn.Linear(3, 3), torch.nn.ReLU(inplace=True))
+        >>> with record(model, "0") as acts:
+        ...     _ = model(torch.randn(2, 3))
+        >>> sorted(acts), acts["0"].shape
+        (['0'], torch.Size([2, 3]))
+    """
+    _check_site(site)
+    acts: dict[str, torch.Tensor] = {}
+
+    def keep(value: Any, name: str) -> None:
+        acts[name] = _select(value, element, f"the {site} of {name!r}").detach().clone()
+
+    with HookManager(model) as mgr:
+        group = mgr.group("record")
+        if site == "output":
+            group.forward(layers, lambda module, args, output, *, name: keep(output, name))
+        else:
+            group.forward_pre(
+                layers,
+                lambda module, args, *, name: (
+                    keep(args, name) if element is not None else keep(_first(args, name), name)
+                ),
+            )
+        yield acts
+
+
+def _first(args: tuple[Any, ...], name: str) -> Any:
+    if not args:
+        raise TypeError(f"{name!r} was called without positional arguments: site='input' patches the first one")
+    return args[0]
+
+
+@dataclass
+class Patch:
+    """What to put at one site.
+
+    Attributes:
+        value: a tensor shaped like the site's activation (for example a recorded clean activation), or a function
+            of the (viewed) activation returning its replacement.
+        index: where to patch in the (viewed) activation, e.g. ``(slice(None), 3)`` for position 3; ``()`` = all.
+        pattern: einops pattern viewing the activation before indexing, e.g. ``"b t (h d) -> b t h d"``.
+        sizes: axis sizes for ``pattern`` (``{"h": 8}``).
+        element: for modules returning tuples, which element is the site.
+    """
+
+    value: torch.Tensor | Callable[[torch.Tensor], torch.Tensor]
+    index: Index = ()
+    pattern: str | None = None
+    sizes: dict[str, int] = field(default_factory=dict)
+    element: int | None = None
+
+
+@contextmanager
+def patch(
+    model: nn.Module,
+    patches: Mapping[str, Patch | torch.Tensor | Callable[[torch.Tensor], torch.Tensor]],
+    *,
+    site: Site = "output",
+) -> Iterator[None]:
+    """Replace the activations of named modules during the runs inside the ``with`` block.
+
+    Args:
+        model: the model.
+        patches: module name -> :class:`Patch`, or directly a tensor or a function of the activation.
+        site: patch the module's ``"output"`` or its first positional ``"input"``.
+
+    Example:
+        >>> model = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.ReLU())
+        >>> with patch(model, {"0": lambda a: a * 0}), torch.no_grad():
+        ...     model(torch.randn(1, 2)).abs()
+        tensor([[0., 0.]])
+    """
+    _check_site(site)
+    specs = {name: p if isinstance(p, Patch) else Patch(p) for name, p in patches.items()}
+    for name in specs:
+        resolve(model, name, what="`patches` key")
+
+    def patched(value: Any, name: str) -> Any:
+        spec = specs[name]
+        current = _select(value, spec.element, f"the {site} of {name!r}")
+        return _put(
+            value, spec.element, replace(current, spec.value, spec.index, pattern=spec.pattern, sizes=spec.sizes)
+        )
+
+    with HookManager(model) as mgr:
+        group = mgr.group("patch")
+        names = list(specs)
+        if site == "output":
+            group.forward(names, lambda module, args, output, *, name: patched(output, name))
+        else:
+            group.forward_pre(
+                names,
+                lambda module, args, *, name: (
+                    (patched(args[0], name), *args[1:]) if specs[name].element is None else patched(args, name)
+                ),
+            )
+        yield
+
+
+def _check_site(site: str) -> None:
+    if site not in ("output", "input"):
+        raise ValueError(f"`site` must be 'output' or 'input'; got {site!r}")
+
+
+# -- the sweep -------------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class _Cell:
+    layer: int
+    position: int | None
+    head: int | None
+
+
+def activation_patching(
+    model: nn.Module,
+    clean: Any,
+    corrupted: Any,
+    layers: Target,
+    metric: Callable[[Any], torch.Tensor],
+    *,
+    site: Site = "output",
+    element: int | None = None,
+    positions: bool | Sequence[int] = True,
+    heads: int | None = None,
+    head_pattern: str = DEFAULT_HEAD_PATTERN,
+    per_example: bool = False,
+    normalize: bool = False,
+    direction: Literal["denoise", "noise"] = "denoise",
+    cells_per_forward: int = 1,
+    progress: bool = True,
+) -> torch.Tensor:
+    """Patch one site at a time from one run into the other and measure ``metric`` each time.
+
+    Denoising (default): the clean input runs once and its activations are recorded; then, for every cell (a layer,
+    and a position and/or head), the corrupted input runs with that one clean activation patched in. Noising does
+    the reverse (corrupted activations into the clean run). Runs without autograd, in eval mode.
+
+    Args:
+        model: any module; called as ``model(x)``, ``model(*x)`` for a tuple or ``model(**x)`` for a dict.
+        clean: the clean input.
+        corrupted: the corrupted input, same structure and shapes.
+        layers: modules whose site is patched (names, globs, modules), in the order of the result's first axis.
+        metric: ``metric(model_output)``: a scalar tensor, or with ``per_example=True`` a ``(batch,)`` tensor.
+        site: ``"output"`` of the modules, or their first positional ``"input"`` (the residual stream before a
+            block is the input of that block).
+        element: for modules returning tuples, which element is the site.
+        positions: ``True``: one cell per position (axis 1 of the activation); a sequence: those positions;
+            ``False``: all positions at once.
+        heads: number of heads: one cell per head, the activation viewed through ``head_pattern``.
+        head_pattern: einops pattern splitting the last axis into heads, with ``h`` the head axis.
+        per_example: keep one value per batch item (a trailing batch axis).
+        normalize: return ``(patched - corrupted) / (clean - corrupted)``: 0 is the corrupted run, 1 the clean one.
+        direction: ``"denoise"`` (clean into corrupted) or ``"noise"`` (corrupted into clean).
+        cells_per_forward: run this many cells in one batched forward (the input repeated along the batch axis;
+            for GPUs, and for models without batch coupling).
+        progress: show a tqdm progress bar.
+
+    Returns:
+        ``(layers, positions)``, ``(layers,)``, ``(layers, heads)`` or ``(layers, positions, heads)``, plus a
+        trailing batch axis with ``per_example=True``.
+
+    Example:
+        >>> _ = torch.manual_seed(0)
+        >>> model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Tanh(), torch.nn.Linear(4, 1))
+        >>> clean, corrupted = torch.randn(2, 3, 4), torch.randn(2, 3, 4)
+        >>> result = activation_patching(model, clean, corrupted, ["0", "1"], lambda out: out[:, -1].mean(),
+        ...                              progress=False)
+        >>> result.shape
+        torch.Size([2, 3])
+    """
+    _check_site(site)
+    if direction not in ("denoise", "noise"):
+        raise ValueError(f"`direction` must be 'denoise' or 'noise'; got {direction!r}")
+    if cells_per_forward < 1:
+        raise ValueError(f"`cells_per_forward` must be at least 1; got {cells_per_forward}")
+    _check_same_shapes(clean, corrupted)
+    names = [name for name, _ in _ordered(model, layers)]
+    batch = batch_size(clean)
+
+    with evaluating(model), torch.no_grad():
+        with record(model, names, site=site, element=element) as clean_acts:
+            clean_out = call(model, clean)
+        with record(model, names, site=site, element=element) as corrupted_acts:
+            corrupted_out = call(model, corrupted)
+        silent = [name for name in names if name not in clean_acts]
+        if silent:
+            raise ValueError(
+                f"`layers` {silent[0]!r} did not run as a module during the forward (a parent may use its weights "
+                "directly, as nn.MultiheadAttention does with out_proj); see hooks.trace(model, inputs)"
+            )
+        clean_metric = _checked_metric(metric, clean_out, per_example, batch)
+        corrupted_metric = _checked_metric(metric, corrupted_out, per_example, batch)
+        source, target_input = (clean_acts, corrupted) if direction == "denoise" else (corrupted_acts, clean)
+        cells, shape = _cells(names, source, positions, heads, head_pattern)
+        sizes = {"h": heads} if heads else {}
+        values = torch.empty(len(cells), *((batch,) if per_example else ()))
+
+        plan: list[tuple[int, _Cell]] = []  # (chunk, cell) of the forward being run
+
+        def patch_site(value: Any, name: str) -> Any:
+            layer = names.index(name)
+            current = _select(value, element, f"the {site} of {name!r}")
+            for chunk, cell in plan:
+                if cell.layer != layer:
+                    continue
+                rows = slice(chunk * batch, (chunk + 1) * batch)
+                rest: Index = () if cell.position is None else (cell.position,)
+                if cell.head is not None:
+                    rest = (*(rest or (slice(None),)), cell.head)
+                current = replace(
+                    current,
+                    source[name],
+                    (rows, *rest),
+                    pattern=head_pattern if heads else None,
+                    sizes=sizes,
+                    source_index=(slice(None), *rest),
+                )
+            return _put(value, element, current)
+
+        with HookManager(model) as mgr:
+            group = mgr.group("activation-patching")
+            if site == "output":
+                group.forward(names, lambda module, args, output, *, name: patch_site(output, name))
+            else:
+                group.forward_pre(
+                    names,
+                    lambda module, args, *, name: (
+                        (patch_site(args[0], name), *args[1:]) if element is None else patch_site(args, name)
+                    ),
+                )
+            steps = range(0, len(cells), cells_per_forward)
+            for start in tqdm(steps, desc="activation patching", disable=not progress, leave=False):
+                chunk_cells = cells[start : start + cells_per_forward]
+                plan[:] = list(enumerate(chunk_cells))
+                out = call(model, _repeat(target_input, len(chunk_cells)))
+                for chunk, _ in plan:
+                    part = _rows(out, slice(chunk * batch, (chunk + 1) * batch)) if len(chunk_cells) > 1 else out
+                    values[start + chunk] = _checked_metric(metric, part, per_example, batch).float().cpu()
+            plan.clear()
+
+    result = values.view(*shape, *((batch,) if per_example else ()))
+    if normalize:
+        base, top = corrupted_metric.float().cpu(), clean_metric.float().cpu()
+        if direction == "noise":
+            base, top = top, base
+        result = (result - base) / (top - base)
+    return result
+
+
+def _ordered(model: nn.Module, layers: Target) -> list[tuple[str, nn.Module]]:
+    """Resolve layers keeping the user's order for explicit lists (globs expand in model order)."""
+    if isinstance(layers, (list, tuple)):
+        pairs = [pair for item in layers for pair in resolve(model, item, what="`layers`")]
+        return list({id(m): (n, m) for n, m in reversed(pairs)}.values())[::-1]
+    return resolve(model, layers, what="`layers`")
+
+
+def _cells(
+    names: list[str],
+    acts: dict[str, torch.Tensor],
+    positions: bool | Sequence[int],
+    heads: int | None,
+    head_pattern: str,
+) -> tuple[list[_Cell], tuple[int, ...]]:
+    first = acts[names[0]]
+    if positions is not False and first.dim() < 2:
+        raise ValueError(f"positions index axis 1, but the activation of {names[0]!r} has shape {tuple(first.shape)}")
+    length = first.shape[1] if first.dim() >= 2 else 0
+    if positions is True:
+        pos: list[int | None] = list(range(length))
+    elif positions is False:
+        pos = [None]
+    else:
+        given = [int(p) for p in positions]
+        bad = [p for p in given if not -length <= p < length]
+        pos = list(given)
+        if bad:
+            raise IndexError(f"position {bad[0]} is out of range for {length} positions")
+    head_list: list[int | None] = [None]
+    if heads is not None:
+        for name in names:
+            last = acts[name].shape[-1]
+            if last % heads:
+                raise ValueError(f"{heads} heads do not divide the last axis ({last}) of the activation of {name!r}")
+            einops.rearrange(acts[name], head_pattern, h=heads)  # the pattern must fit
+        head_list = list(range(heads))
+    cells = [_Cell(layer, p, h) for layer, p, h in itertools.product(range(len(names)), pos, head_list)]
+    shape = (len(names),) + ((len(pos),) if positions is not False else ()) + ((heads,) if heads else ())
+    return cells, shape
+
+
+def _check_same_shapes(clean: Any, corrupted: Any) -> None:
+    a, spec_a = pytree.tree_flatten(clean)
+    b, spec_b = pytree.tree_flatten(corrupted)
+    if spec_a != spec_b:
+        raise ValueError(f"`clean` and `corrupted` must have the same structure; got {spec_a} and {spec_b}")
+    for x, y in zip(a, b, strict=True):
+        if isinstance(x, torch.Tensor) and (not isinstance(y, torch.Tensor) or x.shape != y.shape):
+            raise ValueError(
+                f"`clean` and `corrupted` must have the same shapes; got {tuple(x.shape)} and "
+                f"{tuple(y.shape) if isinstance(y, torch.Tensor) else type(y).__name__}"
+            )
+    if not any(isinstance(x, torch.Tensor) for x in a):
+        raise TypeError("`clean` must be a tensor, or a tuple/dict of model inputs holding tensors")
+
+
+def _repeat(inputs: Any, times: int) -> Any:
+    if times == 1:
+        return inputs
+    return pytree.tree_map(
+        lambda x: x.repeat(times, *[1] * (x.dim() - 1)) if isinstance(x, torch.Tensor) else x, inputs
+    )
+
+
+def _rows(output: Any, rows: slice) -> Any:
+    return pytree.tree_map(lambda x: x[rows] if isinstance(x, torch.Tensor) and x.dim() > 0 else x, output)
+
+
+def _checked_metric(metric: Callable[[Any], torch.Tensor], output: Any, per_example: bool, batch: int) -> torch.Tensor:
+    value = metric(output)
+    expected = (batch,) if per_example else ()
+    if not isinstance(value, torch.Tensor) or tuple(value.shape) != expected:
+        got = tuple(value.shape) if isinstance(value, torch.Tensor) else type(value).__name__
+        want = f"a ({batch},) tensor, one value per example" if per_example else "a scalar tensor"
+        raise ValueError(
+            f"`metric` must return {want}; got {got}" + (" (pass per_example=True?)" if got == (batch,) else "")
+        )
+    return value
