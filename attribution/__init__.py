@@ -11,11 +11,14 @@ Example:
 
 from .cam import EigenCAM, GradCAM, GradCAMPlusPlus, HiResCAM, LayerCAM, ScoreCAM, XGradCAM
 from .patching import Patch, activation_patching, patch, record
+from .rollout import AttentionRollout, GradientRollout
 
 __all__ = [
+    "AttentionRollout",
     "EigenCAM",
     "GradCAM",
     "GradCAMPlusPlus",
+    "GradientRollout",
     "HiResCAM",
     "LayerCAM",
     "Patch",

@@ -68,9 +68,13 @@ class _CAM:
     def __call__(
         self, inputs: torch.Tensor, target: Target = None, *, upsample: bool = True, normalize: bool = True
     ) -> torch.Tensor:
-        """Compute the map of ``target`` for ``inputs``; see the module documentation for the exact semantics."""
-        maps = self.layer_maps(inputs, target, upsample=upsample, normalize=normalize)
-        if len(maps) == 1:
+        """Compute the map of ``target`` for ``inputs``; see the module documentation for the exact semantics.
+
+        With several layers the fused map is returned, always scaled to [0, 1] (``normalize`` is ignored).
+        """
+        several = len(self.layers) > 1
+        maps = self.layer_maps(inputs, target, upsample=upsample, normalize=normalize and not several)
+        if not several:
             return next(iter(maps.values()))
         return self._fuse(list(maps.values()), inputs)
 
@@ -103,7 +107,7 @@ class _CAM:
 
     def _fuse(self, maps: list[torch.Tensor], inputs: torch.Tensor) -> torch.Tensor:
         size = max((tuple(m.shape[-2:]) for m in maps), key=lambda s: s[0] * s[1])
-        scaled = [cm.minmax(cm.upsample(m if m.dim() == 3 else m[None], size)) for m in maps]
+        scaled = [cm.minmax(cm.upsample(m if m.dim() == 3 else m[None], size)) for m in maps]  # raw maps in
         fused = cm.minmax(torch.stack(scaled).mean(dim=0))
         return fused[0] if inputs.dim() == 3 else fused
 
@@ -270,11 +274,24 @@ class LayerCAM(_CAM):
     """LayerCAM (Jiang et al., 2021, https://doi.org/10.1109/TIP.2021.3089943).
 
     ``L = ReLU(sum_k ReLU(dS/dA_k) * A_k)``: position-wise weights, only positive gradients. Works well on shallow
-    layers; give several layers for the paper's fused map. Same arguments as :class:`GradCAM`.
+    layers. With several layers, calling the object gives the paper's fusion: each layer's map (upsampled to the
+    finest resolution among them) scaled by ``tanh(2 M / max M)``, the elementwise maximum of those, then min-max.
+    Same arguments as :class:`GradCAM`.
     """
 
     def _map(self, acts: torch.Tensor, grads: torch.Tensor) -> torch.Tensor:
         return cm.layercam(acts, grads)
+
+    def _fuse(self, maps: list[torch.Tensor], inputs: torch.Tensor) -> torch.Tensor:
+        """The paper's fusion: each map scaled by ``tanh(2 M / max M)``, then the elementwise maximum."""
+        size = max((tuple(m.shape[-2:]) for m in maps), key=lambda s: s[0] * s[1])
+        scaled = []
+        for m in maps:
+            m = cm.upsample(m if m.dim() == 3 else m[None], size)
+            top = m.flatten(1).amax(1).clamp(min=1e-12).view(-1, 1, 1)
+            scaled.append(torch.tanh(2 * m / top))
+        fused = cm.minmax(torch.stack(scaled).amax(dim=0))
+        return fused[0] if inputs.dim() == 3 else fused
 
 
 class EigenCAM(_CAM):

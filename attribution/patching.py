@@ -268,7 +268,8 @@ def activation_patching(
         heads: number of heads: one cell per head, the activation viewed through ``head_pattern``.
         head_pattern: einops pattern splitting the last axis into heads, with ``h`` the head axis.
         per_example: keep one value per batch item (a trailing batch axis).
-        normalize: return ``(patched - corrupted) / (clean - corrupted)``: 0 is the corrupted run, 1 the clean one.
+        normalize: return ``(patched - corrupted) / (clean - corrupted)`` when denoising (0 is the corrupted run, 1
+            the clean one) and ``(patched - clean) / (corrupted - clean)`` when noising; costs one more forward.
         direction: ``"denoise"`` (clean into corrupted) or ``"noise"`` (corrupted into clean).
         cells_per_forward: run this many cells in one batched forward (the input repeated along the batch axis;
             for GPUs, and for models without batch coupling).
@@ -296,20 +297,18 @@ def activation_patching(
     names = [name for name, _ in _ordered(model, layers)]
     batch = batch_size(clean)
 
+    source_input, target_input = (clean, corrupted) if direction == "denoise" else (corrupted, clean)
     with evaluating(model), torch.no_grad():
-        with record(model, names, site=site, element=element) as clean_acts:
-            clean_out = call(model, clean)
-        with record(model, names, site=site, element=element) as corrupted_acts:
-            corrupted_out = call(model, corrupted)
-        silent = [name for name in names if name not in clean_acts]
+        # the run whose activations are patched in; the other unpatched run only when normalising needs its metric
+        with record(model, names, site=site, element=element) as source:
+            source_metric = _checked_metric(metric, call(model, source_input), per_example, batch)
+        silent = [name for name in names if name not in source]
         if silent:
             raise ValueError(
                 f"`layers` {silent[0]!r} did not run as a module during the forward (a parent may use its weights "
                 "directly, as nn.MultiheadAttention does with out_proj); see hooks.trace(model, inputs)"
             )
-        clean_metric = _checked_metric(metric, clean_out, per_example, batch)
-        corrupted_metric = _checked_metric(metric, corrupted_out, per_example, batch)
-        source, target_input = (clean_acts, corrupted) if direction == "denoise" else (corrupted_acts, clean)
+        target_metric = _checked_metric(metric, call(model, target_input), per_example, batch) if normalize else None
         cells, shape = _cells(names, source, positions, heads, head_pattern)
         sizes = {"h": heads} if heads else {}
         values = torch.empty(len(cells), *((batch,) if per_example else ()))
@@ -358,10 +357,8 @@ def activation_patching(
             plan.clear()
 
     result = values.view(*shape, *((batch,) if per_example else ()))
-    if normalize:
-        base, top = corrupted_metric.float().cpu(), clean_metric.float().cpu()
-        if direction == "noise":
-            base, top = top, base
+    if target_metric is not None:  # 0 = the unpatched run, 1 = the run the activations come from
+        base, top = target_metric.float().cpu(), source_metric.float().cpu()
         result = (result - base) / (top - base)
     return result
 

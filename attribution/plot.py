@@ -265,3 +265,67 @@ def plot_patching(
     if title:
         ax.set_title(title)
     return ax
+
+
+def show_tokens(
+    tokens: Sequence[str],
+    relevance: Any,
+    *,
+    ax: Axes | None = None,
+    cmap: str = "Reds",
+    title: str | None = None,
+    per_line: int = 12,
+    normalize: bool = True,
+) -> Axes:
+    """Tokens as boxes coloured by their relevance, in reading order (for text models).
+
+    Args:
+        tokens: the token strings.
+        relevance: one value per token, ``(tokens,)``.
+        ax: axes to draw on (default: a new figure sized to the text).
+        cmap: colour map; darker means more relevant.
+        title: axes title.
+        per_line: tokens per line before wrapping.
+        normalize: scale the relevances to [0, 1] (min-max) before colouring.
+
+    Returns:
+        The axes.
+
+    Example:
+        >>> import torch, matplotlib
+        >>> matplotlib.use("Agg")
+        >>> ax = show_tokens(["the", "cat", "sat"], torch.tensor([0.1, 0.9, 0.3]))
+        >>> [t.get_text() for t in ax.texts]
+        ['the', 'cat', 'sat']
+    """
+    import matplotlib.pyplot as plt
+
+    values = torch.as_tensor(np.asarray(relevance.detach().cpu() if isinstance(relevance, torch.Tensor) else relevance))
+    values = values.float().flatten()
+    if len(tokens) != len(values):
+        raise ValueError(f"{len(tokens)} tokens but {len(values)} relevance values; give one value per token")
+    if normalize and len(values):
+        span = float(values.max() - values.min())
+        values = (values - values.min()) / span if span > 0 else torch.zeros_like(values)
+    lines = max(1, -(-len(tokens) // per_line))
+    if ax is None:
+        _, ax = plt.subplots(figsize=(min(per_line, len(tokens) or 1) * 0.9 + 0.5, 0.55 * lines + 0.4))
+    colours = plt.get_cmap(cmap)
+    for i, (token, value) in enumerate(zip(tokens, values.tolist(), strict=True)):
+        row, col = divmod(i, per_line)
+        ax.text(
+            col,
+            -row,
+            token,
+            ha="center",
+            va="center",
+            fontsize=10,
+            color="white" if value > 0.6 else "black",
+            bbox={"boxstyle": "round,pad=0.25", "facecolor": colours(value), "edgecolor": "none"},
+        )
+    ax.set_xlim(-0.6, min(per_line, max(len(tokens), 1)) - 0.4)
+    ax.set_ylim(-lines + 0.5, 0.5)
+    ax.set_axis_off()
+    if title:
+        ax.set_title(title)
+    return ax

@@ -675,7 +675,8 @@ class HookManager:
 
     # ============================ TackleBox-compatible API =====================================================
     # Every call below has TackleBox's name and arguments. Hooks registered through it live in the group
-    # "default" (priority 0); forward hooks see ``outputs`` as a tuple and return a tuple, as in TackleBox.
+    # "default" (priority 0, active in all threads as in TackleBox); forward hooks see ``outputs`` as a tuple and
+    # return a tuple, as in TackleBox.
 
     @property
     def modules(self) -> set[nn.Module]:
@@ -713,7 +714,7 @@ class HookManager:
             )
         if retain_forward_cache and kind != "backward":
             raise ValueError("`retain_forward_cache` is only for backward hooks")
-        group = self.group("default")
+        group = self.group("default", threads="all")  # TackleBox's hooks fire in every thread
         named = self._compat_names(modules, named_modules)
         if not named:  # TackleBox allows naming a function before attaching it anywhere
             with self._lock:

@@ -451,3 +451,13 @@ def test_frozen_siamese_branches_each_get_gradients():
         a = acts[branch]
         g = weights[branch][None, :, None, None] * (a > 0).float() / 64
         torch.testing.assert_close(ours, F.relu((g.mean((2, 3), keepdim=True) * a).sum(1)))
+
+
+def test_layercam_fuses_layers_as_the_paper(tiny_cnn):
+    x = torch.randn(2, 3, 16, 16)
+    cam = LayerCAM(tiny_cnn, ["features.0", "features.2"])
+    raw = cam.layer_maps(x, 2, normalize=False)
+    scaled = [torch.tanh(2 * m / m.flatten(1).amax(1).view(-1, 1, 1)) for m in raw.values()]
+    fused = torch.stack(scaled).amax(0)
+    low, high = fused.flatten(1).amin(1).view(-1, 1, 1), fused.flatten(1).amax(1).view(-1, 1, 1)
+    torch.testing.assert_close(cam(x, 2), (fused - low) / (high - low))

@@ -273,3 +273,16 @@ def test_backward_hook_order_and_forward_cache(net):
     torch.testing.assert_close(grad_in[0], grad_out[0] @ net[2].weight.detach())
     assert hookmngr.name_to_module["2"] is net[2]  # with a model, positional modules are named by their path
     hookmngr.cleanup()
+
+
+def test_tacklebox_style_hooks_fire_in_every_thread(net):
+    import threading
+
+    seen = []
+    hookmngr = HookManager()
+    hookmngr.register_forward_hook(lambda module, inputs, outputs: seen.append(threading.current_thread().name), first=net[0])
+    worker = threading.Thread(target=lambda: net(torch.randn(1, 3)), name="worker")
+    worker.start()
+    worker.join()
+    assert seen == ["worker"]
+    hookmngr.cleanup()

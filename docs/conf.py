@@ -1,0 +1,47 @@
+"""Sphinx configuration of the hookscope documentation (builds offline: no intersphinx, no CDN assets)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+DOCS = Path(__file__).resolve().parent
+sys.path.insert(0, str(DOCS.parent))  # the packages `hooks` and `attribution`, also without an install
+sys.path.insert(0, str(DOCS / "_ext"))
+
+project = "hookscope"
+author = "hookscope developers"
+copyright = "hookscope developers"
+release = "0.1.0"
+
+extensions = [
+    "sphinx.ext.autodoc",
+    "sphinx.ext.napoleon",
+    "mathtext_svg",  # docs/_ext: formulas drawn by matplotlib, since MathJax loads from a CDN
+]
+html_math_renderer = "mathtext_svg"
+
+exclude_patterns = ["_build", "_tools"]
+html_theme = "furo"
+html_title = "hookscope"
+html_static_path = ["_static"]
+html_css_files = ["custom.css"]
+
+autodoc_member_order = "bysource"
+autodoc_default_options = {"members": True}
+autodoc_typehints_format = "short"
+napoleon_google_docstring = True
+napoleon_numpy_docstring = False
+napoleon_use_rtype = False
+
+nitpicky = True
+nitpick_ignore_regex = [
+    # names of other libraries in signatures: no intersphinx (it would fetch their inventories over the network)
+    (r"py:.*", r"(torch|numpy|np|matplotlib|PIL|einops|tqdm)(\..*)?"),
+    (r"py:.*", r"(nn|Tensor|Figure|Axes)(\..*)?"),
+    (r"py:.*", r"(collections\.abc|pathlib|typing|types|threading)\..*"),  # the standard library, likewise
+]
+nitpick_ignore = [
+    # `Target`, the private type alias of `target` arguments (hooks and attribution); the guides describe it
+    ("py:class", "Target"),
+]
