@@ -20,10 +20,12 @@ def evaluating(model: nn.Module) -> Iterator[None]:
     flags = [(m, m.training) for m in model.modules()]
     grad_mode = torch.is_grad_enabled()
     try:
-        model.eval()
+        if any(flag for _, flag in flags):
+            model.eval()
         with torch.inference_mode(False):
             yield
     finally:
         for module, flag in flags:
-            module.training = flag
+            if module.training != flag:
+                module.training = flag
         torch.set_grad_enabled(grad_mode)

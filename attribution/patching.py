@@ -131,17 +131,27 @@ def record(
         acts[name] = _select(value, element, f"the {site} of {name!r}").detach().clone()
 
     with HookManager(model) as mgr:
-        group = mgr.group("record")
-        if site == "output":
-            group.forward(layers, lambda module, args, output, *, name: keep(output, name))
-        else:
-            group.forward_pre(
-                layers,
-                lambda module, args, *, name: (
-                    keep(args, name) if element is not None else keep(_first(args, name), name)
-                ),
-            )
+        _hook_site(mgr.group("record"), layers, site, element, keep)
         yield acts
+
+
+def _hook_site(group: Any, layers: Target, site: Site, element: int | None, fn: Callable[[Any, str], Any]) -> None:
+    """Call ``fn(value, name)`` at each module's site; a value it returns replaces the site's value.
+
+    ``value`` is the output, or for ``site="input"`` the first positional argument (the whole argument tuple when
+    ``element`` picks one of them).
+    """
+    if site == "output":
+        group.forward(layers, lambda module, args, output, *, name: fn(output, name))
+        return
+
+    def before(module: nn.Module, args: tuple[Any, ...], *, name: str) -> Any:
+        if element is not None:
+            return fn(args, name)
+        new = fn(_first(args, name), name)
+        return None if new is None else (new, *args[1:])
+
+    group.forward_pre(layers, before)
 
 
 def _first(args: tuple[Any, ...], name: str) -> Any:
@@ -204,16 +214,9 @@ def patch(
 
     with HookManager(model) as mgr:
         group = mgr.group("patch")
-        names = list(specs)
-        if site == "output":
-            group.forward(names, lambda module, args, output, *, name: patched(output, name))
-        else:
-            group.forward_pre(
-                names,
-                lambda module, args, *, name: (
-                    (patched(args[0], name), *args[1:]) if specs[name].element is None else patched(args, name)
-                ),
-            )
+        for element in {spec.element for spec in specs.values()}:
+            names = [name for name, spec in specs.items() if spec.element == element]
+            _hook_site(group, names, site, element, patched)
         yield
 
 
@@ -279,6 +282,12 @@ def activation_patching(
         ``(layers, positions)``, ``(layers,)``, ``(layers, heads)`` or ``(layers, positions, heads)``, plus a
         trailing batch axis with ``per_example=True``.
 
+    Raises:
+        ValueError: ``clean`` and ``corrupted`` differ in structure or shape (before any forward); ``metric`` does not
+            return a scalar (or a ``(batch,)`` vector with ``per_example``), a layer never runs, or ``heads`` does
+            not divide the activation (after the reference run, before the sweep).
+        IndexError: a position is out of range (after the reference run, before the sweep).
+
     Example:
         >>> _ = torch.manual_seed(0)
         >>> model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Tanh(), torch.nn.Linear(4, 1))
@@ -336,16 +345,7 @@ def activation_patching(
             return _put(value, element, current)
 
         with HookManager(model) as mgr:
-            group = mgr.group("activation-patching")
-            if site == "output":
-                group.forward(names, lambda module, args, output, *, name: patch_site(output, name))
-            else:
-                group.forward_pre(
-                    names,
-                    lambda module, args, *, name: (
-                        (patch_site(args[0], name), *args[1:]) if element is None else patch_site(args, name)
-                    ),
-                )
+            _hook_site(mgr.group("activation-patching"), names, site, element, patch_site)
             steps = range(0, len(cells), cells_per_forward)
             for start in tqdm(steps, desc="activation patching", disable=not progress, leave=False):
                 chunk_cells = cells[start : start + cells_per_forward]

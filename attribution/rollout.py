@@ -62,13 +62,18 @@ def discard_lowest(fused: torch.Tensor, ratio: float) -> torch.Tensor:
 
 
 def attention_rollout(
-    attentions: Sequence[torch.Tensor], *, head_fusion: Fusion = "mean", discard_ratio: float = 0.0
+    attentions: Sequence[torch.Tensor],
+    *,
+    head_fusion: Fusion = "mean",
+    discard_ratio: float = 0.0,
+    row: int | None = None,
 ) -> torch.Tensor:
     """The rollout ``(batch, T, T)`` of per-layer attentions ``(batch, heads, T, T)``, first layer first.
 
     Per layer: heads fused, the lowest entries discarded (:func:`discard_lowest`), ``A_hat = 0.5 A + 0.5 I`` with
     rows renormalised to sum to 1; then ``R = A_hat_L ... A_hat_2 A_hat_1`` (later layers on the left). Every row
-    of ``R`` sums to 1.
+    of ``R`` sums to 1. With ``row=i`` only row ``i`` is computed, ``(batch, T)``, by vector-matrix products (L
+    times cheaper than the matrix products).
 
     Example:
         >>> eye = torch.eye(5).expand(2, 3, 5, 5)   # identity attention: 2 items, 3 heads
@@ -76,36 +81,48 @@ def attention_rollout(
         True
     """
     _check_options(head_fusion, discard_ratio)
-    result: torch.Tensor | None = None
-    for attention in attentions:
-        a_hat = _residual_step(discard_lowest(fuse_heads(attention, head_fusion), discard_ratio))
-        result = a_hat if result is None else a_hat @ result
-    if result is None:
+    steps = [_residual_step(discard_lowest(fuse_heads(a, head_fusion), discard_ratio)) for a in attentions]
+    if not steps:
         raise ValueError("`attentions` is empty: rollout needs at least one layer")
-    return result
+    return _chain(steps, row)
+
+
+def _chain(steps: list[torch.Tensor], row: int | None) -> torch.Tensor:
+    """``M_L ... M_1`` for per-layer ``(batch, T, T)`` matrices (first layer first), or only its row ``row``."""
+    if row is None:
+        result = steps[0]
+        for step in steps[1:]:
+            result = step @ result
+        return result
+    vector = steps[-1][:, row]  # e_row^T M_L, then times M_(L-1) ... M_1
+    for step in reversed(steps[:-1]):
+        vector = (vector[:, None] @ step)[:, 0]
+    return vector
 
 
 def _residual_step(fused: torch.Tensor) -> torch.Tensor:
-    a_hat = 0.5 * fused + 0.5 * torch.eye(fused.shape[-1], dtype=fused.dtype, device=fused.device)
-    return a_hat / a_hat.sum(dim=-1, keepdim=True)
+    """``0.5 A + 0.5 I`` with rows renormalised, computed as ``(A + I) / rowsum(A + I)`` (the same matrix)."""
+    a_hat = fused.clone()
+    a_hat.diagonal(dim1=-2, dim2=-1).add_(1)
+    return a_hat.div_(a_hat.sum(dim=-1, keepdim=True))
 
 
-def gradient_rollout(attentions: Sequence[torch.Tensor], gradients: Sequence[torch.Tensor]) -> torch.Tensor:
-    """Chefer et al. 2021 (https://arxiv.org/abs/2103.15679), ``(batch, T, T)``.
+def gradient_rollout(
+    attentions: Sequence[torch.Tensor], gradients: Sequence[torch.Tensor], *, row: int | None = None
+) -> torch.Tensor:
+    """Chefer et al. 2021 (https://arxiv.org/abs/2103.15679), ``(batch, T, T)`` (or its row ``row``, ``(batch, T)``).
 
     ``A_bar = mean_heads((dS/dA * A)^+)`` per layer; ``R = I``, then ``R = R + A_bar R`` layer by layer, first
-    layer first.
+    layer first; that is ``R = (I + A_bar_L) ... (I + A_bar_1)``.
     """
     if len(attentions) != len(gradients) or not attentions:
         raise ValueError(
             f"need as many gradients as attentions (at least one); got {len(attentions)} and {len(gradients)}"
         )
-    b, _, t, _ = attentions[0].shape
-    relevance = torch.eye(t, dtype=attentions[0].dtype, device=attentions[0].device).expand(b, t, t)
-    for attention, gradient in zip(attentions, gradients, strict=True):
-        a_bar = (gradient * attention).clamp(min=0).mean(dim=1)
-        relevance = relevance + a_bar @ relevance
-    return relevance
+    t = attentions[0].shape[-1]
+    eye = torch.eye(t, dtype=attentions[0].dtype, device=attentions[0].device)
+    steps = [eye + (g * a).clamp(min=0).mean(dim=1) for a, g in zip(attentions, gradients, strict=True)]
+    return _chain(steps, row)
 
 
 def _check_options(head_fusion: str, discard_ratio: float) -> None:
@@ -257,16 +274,16 @@ class _Rollout:
                 return maps, graph, output
         return maps, [], output
 
-    def _relevance(self, rollout: torch.Tensor, inputs: Any, upsample: bool) -> torch.Tensor:
-        """Row of the class token without the prefix tokens; a grid for image inputs."""
-        row = rollout[:, 0, self.prefix_tokens :]
+    def _relevance(self, cls_row: torch.Tensor, inputs: Any, upsample: bool) -> torch.Tensor:
+        """The class token's row ``(batch, T)`` without the prefix tokens; a grid for image inputs."""
+        row = cls_row[:, self.prefix_tokens :]
         if not (isinstance(inputs, torch.Tensor) and inputs.dim() == 4):
             return row
         patches = row.shape[-1]
         side = math.isqrt(patches)
         if side * side != patches:
             raise ValueError(
-                f"{rollout.shape[-1]} tokens minus {self.prefix_tokens} prefix token(s) leave {patches} patches, not a "
+                f"{cls_row.shape[-1]} tokens minus {self.prefix_tokens} prefix token(s) leave {patches} patches, not a "
                 "square grid; use .full(inputs) for the (batch, T, T) rollout and arrange the tokens yourself"
             )
         grid = einops.rearrange(row, "b (h w) -> b h w", h=side)
@@ -333,7 +350,10 @@ class AttentionRollout(_Rollout):
             ``(batch, grid_h, grid_w)`` for images (``(batch, H, W)`` with ``upsample=True``), else
             ``(batch, tokens)`` without the prefix tokens.
         """
-        return self._relevance(self.full(inputs), inputs, upsample)
+        with torch.no_grad():
+            maps, _, _ = self._capture(inputs, with_grad=False)
+        row = attention_rollout(maps, head_fusion=self.head_fusion, discard_ratio=self.discard_ratio, row=0)
+        return self._relevance(row, inputs, upsample)
 
 
 class GradientRollout(_Rollout):
@@ -351,6 +371,9 @@ class GradientRollout(_Rollout):
 
     def full(self, inputs: Any, target: Target = None) -> torch.Tensor:
         """The full relevance matrix ``R`` ``(batch, T, T)``."""
+        return self._compute(inputs, target, None)
+
+    def _compute(self, inputs: Any, target: Target, row: int | None) -> torch.Tensor:
         check_target(target, batch_size(inputs))
         with torch.enable_grad():
             maps, graph, output = self._capture(inputs, with_grad=True)
@@ -359,11 +382,11 @@ class GradientRollout(_Rollout):
                 raise ValueError("the target score does not depend on the attention maps")
             grads = torch.autograd.grad(scores.sum(), graph, allow_unused=True)
         gradients = [torch.zeros_like(m) if g is None else g.reshape(m.shape) for m, g in zip(maps, grads, strict=True)]
-        return gradient_rollout(maps, gradients)
+        return gradient_rollout(maps, gradients, row=row)
 
     def __call__(self, inputs: Any, target: Target = None, *, upsample: bool = False) -> torch.Tensor:
         """Relevance of each input token for ``target``; shapes as :meth:`AttentionRollout.__call__`."""
-        return self._relevance(self.full(inputs, target), inputs, upsample)
+        return self._relevance(self._compute(inputs, target, 0), inputs, upsample)
 
 
 def _probabilities(output: Any, name: str) -> Any:

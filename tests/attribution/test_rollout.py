@@ -253,3 +253,15 @@ def test_minilm_token_relevance():
     assert model.config._attn_implementation == implementation
     with torch.no_grad():
         torch.testing.assert_close(model(**inputs).last_hidden_state, reference(**inputs).last_hidden_state)
+
+
+def test_single_row_equals_the_row_of_the_full_product(ref):
+    attentions, grads = list(ref["attentions"]), list(ref["grads"])
+    for row in (0, 3):
+        torch.testing.assert_close(
+            attention_rollout(attentions, discard_ratio=0.5, row=row),
+            attention_rollout(attentions, discard_ratio=0.5)[:, row],
+        )
+        torch.testing.assert_close(
+            gradient_rollout(attentions, grads, row=row), gradient_rollout(attentions, grads)[:, row]
+        )
