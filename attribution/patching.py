@@ -50,7 +50,7 @@ def _put(value: Any, element: int | None, tensor: torch.Tensor) -> Any:
         return tensor
     items = list(value)
     items[element] = tensor
-    return type(value)(items)
+    return type(value)(*items) if hasattr(value, "_fields") else type(value)(items)  # named tuples too
 
 
 def _inverse(pattern: str) -> str:
@@ -111,11 +111,12 @@ def replace(
 @contextmanager
 def record(
     model: nn.Module, layers: Target, *, site: Site = "output", element: int | None = None
-) -> Iterator[dict[str, torch.Tensor]]:
+) -> Iterator[Recorded]:
     """Record the activations of ``layers`` during the runs inside the ``with`` block.
 
     Yields a dict ``name -> tensor`` (detached copies, taken before any later in-place operation), filled as the
-    model runs; a module that runs several times keeps its last call.
+    model runs; a module that runs several times in one forward keeps its last call there, and every call is in
+    ``acts.calls[name]`` (a list, in call order, restarted at each forward of the model).
 
     Example:
         >>> model = torch.nn.Sequential(torch.nn.Linear(3, 3), torch.nn.ReLU(inplace=True))
@@ -125,30 +126,42 @@ def record(
         (['0'], torch.Size([2, 3]))
     """
     _check_site(site)
-    acts: dict[str, torch.Tensor] = {}
+    acts = Recorded()
 
-    def keep(value: Any, name: str) -> None:
-        acts[name] = _select(value, element, f"the {site} of {name!r}").detach().clone()
+    def keep(value: Any, name: str, call: int) -> None:
+        tensor = _select(value, element, f"the {site} of {name!r}").detach().clone()
+        acts[name] = tensor
+        calls = acts.calls.setdefault(name, [])
+        del calls[call:]
+        calls.append(tensor)
 
     with HookManager(model) as mgr:
         _hook_site(mgr.group("record"), layers, site, element, keep)
         yield acts
 
 
-def _hook_site(group: Any, layers: Target, site: Site, element: int | None, fn: Callable[[Any, str], Any]) -> None:
-    """Call ``fn(value, name)`` at each module's site; a value it returns replaces the site's value.
+class Recorded(dict[str, torch.Tensor]):
+    """What :func:`record` yields: ``name -> last call's tensor``, and ``calls[name]``, every call in order."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls: dict[str, list[torch.Tensor]] = {}
+
+
+def _hook_site(group: Any, layers: Target, site: Site, element: int | None, fn: Callable[[Any, str, int], Any]) -> None:
+    """Call ``fn(value, name, call)`` at each module's site; a value it returns replaces the site's value.
 
     ``value`` is the output, or for ``site="input"`` the first positional argument (the whole argument tuple when
-    ``element`` picks one of them).
+    ``element`` picks one of them); ``call`` counts the module's calls within one forward of the model.
     """
     if site == "output":
-        group.forward(layers, lambda module, args, output, *, name: fn(output, name))
+        group.forward(layers, lambda module, args, output, *, name, call: fn(output, name, call))
         return
 
-    def before(module: nn.Module, args: tuple[Any, ...], *, name: str) -> Any:
+    def before(module: nn.Module, args: tuple[Any, ...], *, name: str, call: int) -> Any:
         if element is not None:
-            return fn(args, name)
-        new = fn(_first(args, name), name)
+            return fn(args, name, call)
+        new = fn(_first(args, name), name, call)
         return None if new is None else (new, *args[1:])
 
     group.forward_pre(layers, before)
@@ -201,11 +214,13 @@ def patch(
         tensor([[0., 0.]])
     """
     _check_site(site)
-    specs = {name: p if isinstance(p, Patch) else Patch(p) for name, p in patches.items()}
-    for name in specs:
-        resolve(model, name, what="`patches` key")
+    specs = {
+        name: p if isinstance(p, Patch) else Patch(p)
+        for key, p in patches.items()
+        for name, _ in resolve(model, key, what="`patches` key")  # names, globs and modules all expand to names
+    }
 
-    def patched(value: Any, name: str) -> Any:
+    def patched(value: Any, name: str, call: int) -> Any:
         spec = specs[name]
         current = _select(value, spec.element, f"the {site} of {name!r}")
         return _put(
@@ -318,29 +333,30 @@ def activation_patching(
                 "directly, as nn.MultiheadAttention does with out_proj); see hooks.trace(model, inputs)"
             )
         target_metric = _checked_metric(metric, call(model, target_input), per_example, batch) if normalize else None
-        cells, shape = _cells(names, source, positions, heads, head_pattern)
+        axes = _view_axes(head_pattern if heads else None, positions is not False)
+        cells, shape = _cells(names, source, positions, heads, head_pattern, axes)
         sizes = {"h": heads} if heads else {}
         values = torch.empty(len(cells), *((batch,) if per_example else ()))
 
         plan: list[tuple[int, _Cell]] = []  # (chunk, cell) of the forward being run
 
-        def patch_site(value: Any, name: str) -> Any:
+        def patch_site(value: Any, name: str, call_index: int) -> Any:
             layer = names.index(name)
+            calls = source.calls[name]
+            if call_index >= len(calls):
+                raise RuntimeError(f"{name!r} ran more often than in the reference run ({len(calls)} call(s))")
             current = _select(value, element, f"the {site} of {name!r}")
             for chunk, cell in plan:
                 if cell.layer != layer:
                     continue
                 rows = slice(chunk * batch, (chunk + 1) * batch)
-                rest: Index = () if cell.position is None else (cell.position,)
-                if cell.head is not None:
-                    rest = (*(rest or (slice(None),)), cell.head)
                 current = replace(
                     current,
-                    source[name],
-                    (rows, *rest),
+                    calls[call_index],  # a module that runs several times gets each of its calls back
+                    _cell_index(axes, rows, cell),
                     pattern=head_pattern if heads else None,
                     sizes=sizes,
-                    source_index=(slice(None), *rest),
+                    source_index=_cell_index(axes, slice(None), cell),
                 )
             return _put(value, element, current)
 
@@ -350,9 +366,10 @@ def activation_patching(
             for start in tqdm(steps, desc="activation patching", disable=not progress, leave=False):
                 chunk_cells = cells[start : start + cells_per_forward]
                 plan[:] = list(enumerate(chunk_cells))
-                out = call(model, _repeat(target_input, len(chunk_cells)))
+                out = call(model, _repeat(target_input, len(chunk_cells), batch))
                 for chunk, _ in plan:
-                    part = _rows(out, slice(chunk * batch, (chunk + 1) * batch)) if len(chunk_cells) > 1 else out
+                    rows = slice(chunk * batch, (chunk + 1) * batch)
+                    part = _rows(out, rows, batch * len(chunk_cells)) if len(chunk_cells) > 1 else out
                     values[start + chunk] = _checked_metric(metric, part, per_example, batch).float().cpu()
             plan.clear()
 
@@ -371,17 +388,51 @@ def _ordered(model: nn.Module, layers: Target) -> list[tuple[str, nn.Module]]:
     return resolve(model, layers, what="`layers`")
 
 
+def _view_axes(pattern: str | None, positions: bool) -> list[str]:
+    """Axis names of the (viewed) activation: ``b t ...`` without a head pattern, else the pattern's right side."""
+    if pattern is None:
+        return ["b", "t"]
+    right = pattern.split("->")[-1].split()
+    needed = ["b", "h"] + (["t"] if positions else [])
+    missing = [axis for axis in needed if axis not in right]
+    if "->" not in pattern or missing or any("(" in a or ")" in a for a in right):
+        raise ValueError(
+            f"`head_pattern` {pattern!r} must view the activation with plain axes named b (batch), h (heads)"
+            + (" and t (positions)" if positions else "")
+            + f" on its right side; {', '.join(missing) or 'a grouped axis'} is not there"
+        )
+    return right
+
+
+def _cell_index(axes: list[str], rows: slice, cell: _Cell) -> Index:
+    """The index of one cell in the (viewed) activation, for the given batch rows."""
+    index: list[Any] = [slice(None)] * len(axes)
+    index[axes.index("b")] = rows
+    if cell.position is not None:
+        index[axes.index("t")] = cell.position
+    if cell.head is not None:
+        index[axes.index("h")] = cell.head
+    used = [i for i, v in enumerate(index) if v != slice(None)]
+    return tuple(index[: used[-1] + 1]) if used else ()
+
+
 def _cells(
     names: list[str],
-    acts: dict[str, torch.Tensor],
+    acts: Recorded,
     positions: bool | Sequence[int],
     heads: int | None,
     head_pattern: str,
+    axes: list[str],
 ) -> tuple[list[_Cell], tuple[int, ...]]:
     first = acts[names[0]]
-    if positions is not False and first.dim() < 2:
-        raise ValueError(f"positions index axis 1, but the activation of {names[0]!r} has shape {tuple(first.shape)}")
-    length = first.shape[1] if first.dim() >= 2 else 0
+    if heads is not None:
+        first = einops.rearrange(first, head_pattern, h=heads) if first.shape[-1] % heads == 0 else first
+    t_axis = axes.index("t") if "t" in axes else 1
+    if positions is not False and first.dim() <= t_axis:
+        raise ValueError(
+            f"positions index axis {t_axis}, but the activation of {names[0]!r} has shape {tuple(first.shape)}"
+        )
+    length = first.shape[t_axis] if first.dim() > t_axis else 0
     if positions is True:
         pos: list[int | None] = list(range(length))
     elif positions is False:
@@ -420,16 +471,26 @@ def _check_same_shapes(clean: Any, corrupted: Any) -> None:
         raise TypeError("`clean` must be a tensor, or a tuple/dict of model inputs holding tensors")
 
 
-def _repeat(inputs: Any, times: int) -> Any:
+def _repeat(inputs: Any, times: int, batch: int) -> Any:
+    """The inputs stacked ``times`` along the batch axis; tensors whose first axis is not the batch stay as they are."""
     if times == 1:
         return inputs
-    return pytree.tree_map(
-        lambda x: x.repeat(times, *[1] * (x.dim() - 1)) if isinstance(x, torch.Tensor) else x, inputs
-    )
+
+    def stack(x: Any) -> Any:
+        if isinstance(x, torch.Tensor) and x.dim() > 0 and x.shape[0] == batch:
+            return x.repeat(times, *[1] * (x.dim() - 1))
+        return x
+
+    return pytree.tree_map(stack, inputs)
 
 
-def _rows(output: Any, rows: slice) -> Any:
-    return pytree.tree_map(lambda x: x[rows] if isinstance(x, torch.Tensor) and x.dim() > 0 else x, output)
+def _rows(output: Any, rows: slice, stacked: int) -> Any:
+    """The rows of one cell in a stacked output (leaves whose first axis is the stacked batch)."""
+
+    def take(x: Any) -> Any:
+        return x[rows] if isinstance(x, torch.Tensor) and x.dim() > 0 and x.shape[0] == stacked else x
+
+    return pytree.tree_map(take, output)
 
 
 def _checked_metric(metric: Callable[[Any], torch.Tensor], output: Any, per_example: bool, batch: int) -> torch.Tensor:

@@ -27,8 +27,15 @@ def to_rgb(image: Any, mean: Sequence[float] | None = None, std: Sequence[float]
         mean: per-channel mean that was subtracted (tensors only).
         std: per-channel standard deviation that was divided by (tensors only).
     """
+    if not isinstance(image, torch.Tensor) and np.asarray(image).ndim == 3:
+        array = np.asarray(image)
+        if array.shape[0] in (1, 3) and array.shape[-1] not in (1, 3, 4):  # channel-first numpy: as a tensor
+            image = torch.as_tensor(array)
     if isinstance(image, torch.Tensor):
-        x = image.detach().float().cpu()
+        scale = 255.0 if image.dtype == torch.uint8 else 1.0
+        x = image.detach().float().cpu() / scale
+        while x.dim() > 3 and x.shape[0] == 1:  # a batch of one
+            x = x[0]
         if x.dim() == 2:
             x = x[None]
         if x.dim() != 3:
@@ -40,7 +47,7 @@ def to_rgb(image: Any, mean: Sequence[float] | None = None, std: Sequence[float]
         if x.shape[0] == 1:
             x = x.expand(3, -1, -1)
         array = x.permute(1, 2, 0).numpy()
-        if mean is None and std is None and (array.min() < 0 or array.max() > 1):  # unknown scale: stretch
+        if mean is None and std is None and (array.min() < 0 or array.max() > 1):  # an unknown scale: stretch it
             array = (array - array.min()) / max(float(array.max() - array.min()), 1e-12)
         return np.clip(array, 0, 1)
     array = np.asarray(image, dtype=np.float32)
@@ -145,6 +152,7 @@ def show_batch(
     """
     import matplotlib.pyplot as plt
 
+    images, saliency = torch.as_tensor(images), torch.as_tensor(saliency)
     if images.dim() != 4 or saliency.dim() != 3 or len(images) != len(saliency):
         raise ValueError(
             f"`images` (B, C, H, W) and `saliency` (B, h, w) must match; got {tuple(images.shape)} and "
@@ -177,6 +185,8 @@ def compare(image: Any, maps: Mapping[str, Any], *, with_image: bool = True, **k
     """
     import matplotlib.pyplot as plt
 
+    if "ax" in kwargs:
+        raise TypeError("compare() draws a figure of its own, one panel per map; draw on given axes with overlay(ax=)")
     panels = len(maps) + int(with_image)
     fig, grid = plt.subplots(1, panels, figsize=(3 * panels, 3.2), squeeze=False)
     axes = list(grid[0])
@@ -220,7 +230,7 @@ def plot_patching(
     """
     import matplotlib.pyplot as plt
 
-    values = result.detach().float().cpu()
+    values = torch.as_tensor(result).detach().float().cpu()
     row_labels = list(layers) if layers is not None else [f"L{i}" for i in range(values.shape[0])]
     if values.dim() == 1:
         values = values[:, None]
@@ -240,7 +250,9 @@ def plot_patching(
         raise ValueError(f"{len(row_labels)} `layers` labels for {values.shape[0]} rows")
     if ax is None:
         _, ax = plt.subplots(figsize=(max(3.0, 0.55 * values.shape[1] + 2), max(2.0, 0.35 * values.shape[0] + 1)))
-    limit = float(values.abs().max()) or 1.0
+    finite = values[torch.isfinite(values)]  # a normalised cell can be NaN when clean == corrupted
+    limit = float(finite.abs().max()) if finite.numel() else 1.0
+    limit = limit or 1.0
     image = ax.imshow(values.numpy(), cmap=cmap, vmin=-limit, vmax=limit, aspect="auto")
     ax.set_xticks(
         range(values.shape[1]),

@@ -7,7 +7,7 @@ attention probabilities in a model, switch on what is needed to see them for one
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -160,10 +160,8 @@ def find_attention(model: nn.Module, layers: LayerTarget | None = None) -> list[
             sites.append(_Site(name, "mha"))
         elif hasattr(module, "fused_attn") and isinstance(getattr(module, "attn_drop", None), nn.Module):
             sites.append(_Site(f"{name}.attn_drop" if name else "attn_drop", "probs", switch=module))
-        elif type(module).__name__.endswith("SelfAttention") and hasattr(
-            getattr(module, "config", None), "_attn_implementation"
-        ):
-            sites.append(_Site(name, "hf"))
+        elif _is_hf_attention(module) and not any(_is_hf_attention(m) for m in list(module.modules())[1:]):
+            sites.append(_Site(name, "hf"))  # the innermost HuggingFace attention module: it returns the weights
     if not sites:
         raise ValueError(
             f"found no attention in {type(model).__name__}: looked for timm Attention modules (fused_attn, attn_drop), "
@@ -171,6 +169,13 @@ def find_attention(model: nn.Module, layers: LayerTarget | None = None) -> list[
             "is the attention probabilities (batch, heads, tokens, tokens), e.g. layers='blocks.*.attn.attn_drop'"
         )
     return sites
+
+
+def _is_hf_attention(module: nn.Module) -> bool:
+    """A HuggingFace attention module: an ``...Attention`` class reading ``config._attn_implementation``."""
+    return type(module).__name__.endswith("Attention") and hasattr(
+        getattr(module, "config", None), "_attn_implementation"
+    )
 
 
 @contextmanager
@@ -182,10 +187,10 @@ def _attention_visible(model: nn.Module, sites: list[_Site]) -> Iterator[None]:
             if switch is not None:
                 stack.callback(setattr, switch, "fused_attn", switch.fused_attn)
                 switch.fused_attn = False
-        configs: dict[int, Any] = {}
-        for site in sites:
-            if site.kind == "hf":
-                config: Any = model.get_submodule(site.name).config
+        configs: dict[int, Any] = {}  # every HuggingFace config in the model, also for sites given by `layers=`
+        for module in model.modules():
+            config: Any = getattr(module, "config", None)
+            if hasattr(config, "_attn_implementation"):
                 configs[id(config)] = config
         for config in configs.values():
             stack.callback(_set_attn_implementation, config, config._attn_implementation)
@@ -210,6 +215,12 @@ class _Rollout:
         self.model = model
         self.sites = find_attention(model, layers)
         self.prefix_tokens = int(getattr(model, "num_prefix_tokens", 1))
+        if self.prefix_tokens == 0:
+            raise ValueError(
+                f"{type(model).__name__} has no class token (num_prefix_tokens=0, global average pooling): rollout "
+                "reads the class token's row. attention_rollout(maps) on captured maps gives the full (batch, T, T) "
+                "rollout to aggregate as you see fit"
+            )
 
     def _capture(self, inputs: Any, *, with_grad: bool) -> tuple[list[torch.Tensor], list[torch.Tensor], Any]:
         """One forward; returns the attention maps (B, H, T, T), the tensors to differentiate, and the output."""
@@ -219,8 +230,9 @@ class _Rollout:
         started = False
 
         def before_mha(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+            kwargs = {**dict(zip(_MHA_ARGUMENTS[3:], args[3:], strict=False)), **kwargs}  # positional options too
             asked.append((bool(kwargs.get("need_weights", True)), bool(kwargs.get("average_attn_weights", True))))
-            return args, {**kwargs, "need_weights": True, "average_attn_weights": False}
+            return args[:3], {**kwargs, "need_weights": True, "average_attn_weights": False}
 
         def start_graph(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
             nonlocal started
@@ -240,16 +252,18 @@ class _Rollout:
             if site.kind == "mha":
                 weights = output[1]
                 need, average = asked.pop()
+                _check_self_attention(weights, name)
                 maps.append(weights.detach())
                 graph.append(weights._base if weights._base is not None else weights)
                 shown = (weights.mean(dim=1) if average else weights) if need else None
                 return output[0], shown
             probs = output[1] if site.kind == "hf" else _probabilities(output, name)
-            if not isinstance(probs, torch.Tensor) or probs.dim() != 4 or probs.shape[-1] != probs.shape[-2]:
+            if not isinstance(probs, torch.Tensor) or probs.dim() != 4:
                 raise ValueError(
                     f"`layers` {name!r} gave {type(probs).__name__} {tuple(getattr(probs, 'shape', ()))}; attention "
                     "probabilities (batch, heads, tokens, tokens) were expected"
                 )
+            _check_self_attention(probs, name)
             maps.append(probs.detach())
             graph.append(probs)
             return None
@@ -265,10 +279,10 @@ class _Rollout:
             group.forward(names, after)
             torch.set_grad_enabled(False)
             output = call(self.model, inputs)
-            if len(maps) != len(self.sites):
+            if not maps:  # a module used several times gives one map per call, chained in call order
                 raise ValueError(
-                    f"{len(self.sites)} attention layers were found but {len(maps)} attention maps appeared in the "
-                    "forward; pass layers= naming the modules whose output is the attention probabilities"
+                    f"no attention map appeared in the forward ({len(self.sites)} attention module(s) were found but "
+                    "none ran); pass layers= naming the modules whose output is the attention probabilities"
                 )
             if with_grad:
                 return maps, graph, output
@@ -277,7 +291,8 @@ class _Rollout:
     def _relevance(self, cls_row: torch.Tensor, inputs: Any, upsample: bool) -> torch.Tensor:
         """The class token's row ``(batch, T)`` without the prefix tokens; a grid for image inputs."""
         row = cls_row[:, self.prefix_tokens :]
-        if not (isinstance(inputs, torch.Tensor) and inputs.dim() == 4):
+        images = inputs.get("pixel_values") if isinstance(inputs, Mapping) else inputs
+        if not (isinstance(images, torch.Tensor) and images.dim() == 4):
             return row
         patches = row.shape[-1]
         side = math.isqrt(patches)
@@ -287,7 +302,7 @@ class _Rollout:
                 "square grid; use .full(inputs) for the (batch, T, T) rollout and arrange the tokens yourself"
             )
         grid = einops.rearrange(row, "b (h w) -> b h w", h=side)
-        return cm.upsample(grid, tuple(inputs.shape[-2:])) if upsample else grid
+        return cm.upsample(grid, tuple(images.shape[-2:])) if upsample else grid
 
 
 class AttentionRollout(_Rollout):
@@ -375,7 +390,7 @@ class GradientRollout(_Rollout):
 
     def _compute(self, inputs: Any, target: Target, row: int | None) -> torch.Tensor:
         check_target(target, batch_size(inputs))
-        with torch.enable_grad():
+        with torch.inference_mode(False), torch.enable_grad():
             maps, graph, output = self._capture(inputs, with_grad=True)
             scores = target_scores(output, target, batch_size(inputs))
             if not scores.requires_grad:
@@ -387,6 +402,20 @@ class GradientRollout(_Rollout):
     def __call__(self, inputs: Any, target: Target = None, *, upsample: bool = False) -> torch.Tensor:
         """Relevance of each input token for ``target``; shapes as :meth:`AttentionRollout.__call__`."""
         return self._relevance(self._compute(inputs, target, 0), inputs, upsample)
+
+
+_MHA_ARGUMENTS = (
+    "query", "key", "value", "key_padding_mask", "need_weights", "attn_mask", "average_attn_weights", "is_causal"
+)  # the order of nn.MultiheadAttention.forward's parameters  # fmt: skip
+
+
+def _check_self_attention(probs: torch.Tensor, name: str) -> None:
+    if probs.shape[-1] != probs.shape[-2]:
+        raise ValueError(
+            f"the attention of {name!r} maps {probs.shape[-2]} queries to {probs.shape[-1]} keys: it is not "
+            "self-attention (an encoder-decoder's cross-attention?). Rollout chains self-attention only: pass "
+            "layers= with the self-attention modules"
+        )
 
 
 def _probabilities(output: Any, name: str) -> Any:

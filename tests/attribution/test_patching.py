@@ -200,3 +200,83 @@ def test_works_for_a_cnn_and_keeps_the_mode():
     # positions are axis 1 of the activation: the channels of a conv output
     result = activation_patching(model, clean, corrupted, ["0", "1"], lambda out: out[:, 0].mean(), progress=False)
     assert result.shape == (2, 4) and model.training
+
+
+def test_a_module_called_twice_gets_each_of_its_calls_back():
+    torch.manual_seed(0)
+
+    class Twice(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.block = nn.Linear(4, 4)
+            self.head = nn.Linear(4, 1)
+
+        def forward(self, x):
+            x = x + self.block(x)
+            x = x + self.block(x)
+            return self.head(x)
+
+    model = Twice().eval()
+    clean = torch.randn(2, 3, 4)
+    metric = lambda out: out[:, -1].mean()  # noqa: E731
+    with torch.no_grad():
+        clean_metric = metric(model(clean))
+    into_itself = activation_patching(model, clean, clean, "block", metric, progress=False)
+    assert torch.equal(into_itself, torch.full_like(into_itself, clean_metric.item()))
+    with record(model, "block") as acts:
+        model(clean)
+    assert len(acts.calls["block"]) == 2 and torch.equal(acts["block"], acts.calls["block"][1])
+
+
+def test_head_patterns_with_other_axis_orders():
+    model = nn.Sequential(nn.Identity())  # its output (b, t, h*d) is the site
+    clean, corrupted = torch.zeros(1, 2, 4), torch.ones(1, 2, 4)
+    metric = lambda out: out[0, 0, 2:].sum()  # head 1 at position 0 (two channels)  # noqa: E731
+    default = activation_patching(model, clean, corrupted, "0", metric, heads=2, progress=False)
+    swapped = activation_patching(
+        model, clean, corrupted, "0", metric, heads=2, head_pattern="b t (h d) -> b h t d", progress=False
+    )
+    expected = torch.tensor([[[2.0, 0.0], [2.0, 2.0]]])  # (layer, position, head): zeroed only at (0, head 1)
+    torch.testing.assert_close(default, expected)
+    torch.testing.assert_close(swapped, expected)
+    with pytest.raises(ValueError, match=r"must view the activation with plain axes named b \(batch\), h \(heads\)"):
+        activation_patching(model, clean, corrupted, "0", metric, heads=2, head_pattern="b s (h d) -> b s h d")
+
+
+def test_patch_globs_named_tuples_and_tensors_without_batch_axis():
+    from typing import NamedTuple
+
+    class Out(NamedTuple):
+        out: torch.Tensor
+        weights: torch.Tensor
+
+    class Attn(nn.Module):
+        def forward(self, x, table):
+            return Out(x + table, x.abs())
+
+    class Model(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.a, self.b = Attn(), Attn()
+
+        def forward(self, x, table):
+            return self.b(self.a(x, table).out, table).out
+
+    model = Model()
+    x, table = torch.randn(3, 2, 4), torch.randn(1, 2, 4)  # `table` has no batch axis to repeat
+    with patch(model, {"[ab]": Patch(lambda v: v * 0, element=0)}):
+        assert torch.equal(model(x, table), torch.zeros(3, 2, 4))
+    one = activation_patching(
+        model, (x, table), (x.flip(0), table), ["a", "b"], lambda o: o.sum(), element=0, progress=False
+    )
+    batched = activation_patching(
+        model,
+        (x, table),
+        (x.flip(0), table),
+        ["a", "b"],
+        lambda o: o.sum(),
+        element=0,
+        cells_per_forward=3,
+        progress=False,
+    )
+    torch.testing.assert_close(batched, one)

@@ -112,6 +112,21 @@ def test_token_relevance_colours():
 
 def test_matplotlib_is_imported_only_by_the_plotting_functions():
     code = "import sys, attribution, attribution.plot; print('matplotlib' in sys.modules)"
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
-                            cwd=DATA.parents[1])
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=DATA.parents[1]
+    )
     assert result.stdout.strip() == "False"
+
+
+def test_input_forms_and_nan_cells():
+    rgb = np.random.default_rng(0).random((3, 8, 8)).astype(np.float32)
+    np.testing.assert_allclose(to_rgb(rgb), rgb.transpose(1, 2, 0))  # channel-first numpy
+    np.testing.assert_allclose(to_rgb(torch.as_tensor(rgb)[None]), rgb.transpose(1, 2, 0))  # a batch of one
+    np.testing.assert_allclose(to_rgb(torch.full((3, 4, 4), 255, dtype=torch.uint8)), np.ones((4, 4, 3)))
+    fig = show_batch(np.random.rand(2, 3, 8, 8), np.random.rand(2, 4, 4))
+    plt.close(fig)
+    with pytest.raises(TypeError, match="draws a figure of its own"):
+        compare(torch.rand(3, 8, 8), {"a": torch.rand(4, 4)}, ax=None)
+    ax = plot_patching(np.array([[1.0, float("nan"), -0.5]]))
+    assert ax.images[0].get_clim() == (-1.0, 1.0)
+    plt.close(ax.figure)

@@ -265,3 +265,66 @@ def test_single_row_equals_the_row_of_the_full_product(ref):
         torch.testing.assert_close(
             gradient_rollout(attentions, grads, row=row), gradient_rollout(attentions, grads)[:, row]
         )
+
+
+def test_huggingface_vit_with_pixel_values_and_inference_mode():
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    config = transformers.ViTConfig(
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        intermediate_size=64,
+        image_size=32,
+        patch_size=8,
+        num_labels=3,
+    )
+    model = transformers.ViTForImageClassification(config).eval()
+    before = model.config._attn_implementation
+    inputs = {"pixel_values": torch.randn(2, 3, 32, 32)}
+    rollout = AttentionRollout(model)
+    assert len(rollout.sites) == 2
+    assert rollout(inputs).shape == (2, 4, 4) and rollout(inputs, upsample=True).shape == (2, 32, 32)
+    with torch.inference_mode():
+        relevance = GradientRollout(model)(inputs, 1)  # logits of the output object, as for int targets
+    assert relevance.shape == (2, 4, 4) and relevance.abs().sum() > 0
+    assert model.config._attn_implementation == before
+
+
+def test_cross_attention_is_refused_and_shared_modules_and_positional_options_work():
+    torch.manual_seed(0)
+    decoder = nn.TransformerDecoder(nn.TransformerDecoderLayer(8, 2, 16, batch_first=True), num_layers=1)
+
+    class Seq2Seq(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.decoder = decoder
+
+        def forward(self, tgt, memory):
+            return self.decoder(tgt, memory)
+
+    with pytest.raises(ValueError, match=r"maps 5 queries to 7 keys: it is not self-attention"):
+        AttentionRollout(Seq2Seq())((torch.randn(1, 5, 8), torch.randn(1, 7, 8)))
+    shared = ProbsAttention(8, 2)
+    model = nn.Sequential(nn.Embedding(20, 8), shared, shared, shared)  # one attention module run three times
+    tokens = torch.randint(0, 20, (2, 6))
+    maps = []
+    handle = shared.probs.register_forward_hook(lambda m, i, o: maps.append(o))
+    with torch.no_grad():
+        model(tokens)
+    handle.remove()
+    torch.testing.assert_close(AttentionRollout(model, layers="1.probs").full(tokens), attention_rollout(maps))
+
+    class Positional(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.attn = nn.MultiheadAttention(8, 2, batch_first=True)
+
+        def forward(self, x):
+            out, weights = self.attn(x, x, x, None, True, None, True)  # options given positionally
+            assert weights.shape == (x.shape[0], x.shape[1], x.shape[1])  # still averaged, as asked
+            return out
+
+    with pytest.raises(ValueError, match="has no class token"):
+        AttentionRollout(type("NoCls", (nn.Sequential,), {"num_prefix_tokens": 0})(Positional()))
+    assert AttentionRollout(nn.Sequential(Positional()))(torch.randn(2, 5, 8)).shape == (2, 4)
