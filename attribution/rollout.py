@@ -165,7 +165,7 @@ def find_attention(model: nn.Module, layers: LayerTarget | None = None) -> list[
     if not sites:
         raise ValueError(
             f"found no attention in {type(model).__name__}: looked for timm Attention modules (fused_attn, attn_drop), "
-            "nn.MultiheadAttention and HuggingFace *SelfAttention modules. Pass layers= with the modules whose output "
+            "nn.MultiheadAttention and HuggingFace *Attention modules. Pass layers= with the modules whose output "
             "is the attention probabilities (batch, heads, tokens, tokens), e.g. layers='blocks.*.attn.attn_drop'"
         )
     return sites
@@ -179,13 +179,13 @@ def _is_hf_attention(module: nn.Module) -> bool:
 
 
 @contextmanager
-def _attention_visible(model: nn.Module, sites: list[_Site]) -> Iterator[None]:
+def _attention_visible(model: nn.Module) -> Iterator[None]:
     """Switch off fused attention (timm) and select eager attention (HuggingFace) for the call; restore after."""
     with ExitStack() as stack:
-        for site in sites:
-            switch: Any = site.switch
-            if switch is not None:
-                stack.callback(setattr, switch, "fused_attn", switch.fused_attn)
+        for module in model.modules():  # also for sites given by `layers=`: a fused path shows no probabilities
+            switch: Any = module
+            if getattr(switch, "fused_attn", False) is True:
+                stack.callback(setattr, switch, "fused_attn", True)
                 switch.fused_attn = False
         configs: dict[int, Any] = {}  # every HuggingFace config in the model, also for sites given by `layers=`
         for module in model.modules():
@@ -269,7 +269,7 @@ class _Rollout:
             return None
 
         names = [s.name for s in self.sites]
-        with evaluating(self.model), _attention_visible(self.model, self.sites), HookManager(self.model) as mgr:
+        with evaluating(self.model), _attention_visible(self.model), HookManager(self.model) as mgr:
             group = mgr.group(type(self).__name__)
             mha = [s.name for s in self.sites if s.kind == "mha"]
             if mha:
@@ -318,7 +318,8 @@ class AttentionRollout(_Rollout):
     never dropped; rows are renormalised after the identity is added.
 
     Returned values are not rescaled: the full rollout's rows sum to 1, so the relevances of an item sum to
-    ``1 - R[0, 0]`` (less the other prefix tokens). Min-max them for display (the plotting functions do).
+    ``1 - R[0, 0]`` (less the other prefix tokens). For display, :func:`attribution.plot.overlay` maps colours from
+    0 to the map's maximum (``vmin=None``: from its minimum), and :func:`attribution.plot.show_tokens` min-maxes.
 
     Args:
         model: a timm ViT/DeiT, a torchvision ``vit_*``, a HuggingFace BERT/ViT-style model, or any model with

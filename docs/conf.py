@@ -18,6 +18,7 @@ extensions = [
     "sphinx.ext.autodoc",
     "sphinx.ext.napoleon",
     "mathtext_svg",  # docs/_ext: formulas drawn by matplotlib, since MathJax loads from a CDN
+    "package_refs",  # docs/_ext: docstrings' short names (`record`) resolved within their package
 ]
 html_math_renderer = "mathtext_svg"
 
@@ -44,4 +45,6 @@ nitpick_ignore_regex = [
 nitpick_ignore = [
     # `Target`, the private type alias of `target` arguments (hooks and attribution); the guides describe it
     ("py:class", "Target"),
+    # the private record (module name, kind, switch) that find_attention returns for each attention site
+    ("py:class", "attribution.rollout._Site"),
 ]

@@ -328,3 +328,12 @@ def test_cross_attention_is_refused_and_shared_modules_and_positional_options_wo
     with pytest.raises(ValueError, match="has no class token"):
         AttentionRollout(type("NoCls", (nn.Sequential,), {"num_prefix_tokens": 0})(Positional()))
     assert AttentionRollout(nn.Sequential(Positional()))(torch.randn(2, 5, 8)).shape == (2, 4)
+
+
+def test_layers_argument_on_a_timm_model_switches_fused_attention_off_too():
+    timm = pytest.importorskip("timm")
+    torch.manual_seed(0)
+    vit = timm.create_model("vit_tiny_patch16_224", pretrained=False, num_classes=10, depth=2).eval()
+    x = torch.randn(1, 3, 224, 224)
+    torch.testing.assert_close(AttentionRollout(vit, layers="blocks.*.attn.attn_drop")(x), AttentionRollout(vit)(x))
+    assert all(block.attn.fused_attn for block in vit.blocks)
