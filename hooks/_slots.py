@@ -145,24 +145,23 @@ class Installed:
 
 
 class ModuleSlot:
-    """The ordered hooks one manager has on one module, and the two dispatchers that run them.
+    """The ordered hooks one manager has on one module, and the (at most) two dispatchers that run them.
 
-    Both dispatchers are installed when the manager first hooks the module, so all of the manager's hooks on it
-    sit at that place among the module's hooks, whatever kinds are added later.
+    The forward dispatcher is installed the first time the manager needs one on the module (a forward or backward
+    hook), the pre-forward dispatcher likewise (a pre-hook, a backward hook, or a hook asking for ``call``); each
+    stays at that place among the module's hooks until the slot is empty.
     """
 
     def __init__(self, module: nn.Module, name: str, runs: RunState) -> None:
         self.name = name
         self.runs = runs
-        self._local = threading.local()  # per thread: the call counter and the stack of calls in progress
+        self._local: threading.local | None = None  # per thread: call counter and calls in progress (when needed)
         self.installed = Installed(module)
         self.pre: tuple[HookHandle, ...] = ()
         self.forward: tuple[HookHandle, ...] = ()
         self.backward: tuple[HookHandle, ...] = ()
         self.count_calls = False  # only counted when a hook asks for `call` or gradients are recorded
         self.copy_inputs = bool(getattr(module, "inplace", False))  # in-place modules overwrite their input
-        self.installed.handles["pre"] = module.register_forward_pre_hook(Dispatch(self, "pre"), with_kwargs=True)
-        self.installed.handles["forward"] = module.register_forward_hook(Dispatch(self, "forward"), with_kwargs=True)
         install_state_filter(module)
 
     # -- bookkeeping -------------------------------------------------------------------------------------------
@@ -177,6 +176,14 @@ class ModuleSlot:
         setattr(self, self._ATTR[kind], tuple(sorted(entries, key=lambda h: (-h.group.priority, h.seq))))
         everything = self.pre + self.forward + self.backward
         self.count_calls = bool(self.backward) or any("call" in h._keywords for h in everything)
+        if self.count_calls and self._local is None:
+            self._local = threading.local()
+        module = self.installed.module_ref()
+        handles = self.installed.handles
+        if module is not None and (self.pre or self.count_calls) and "pre" not in handles:
+            handles["pre"] = module.register_forward_pre_hook(Dispatch(self, "pre"), with_kwargs=True)
+        if module is not None and (self.forward or self.backward) and "forward" not in handles:
+            handles["forward"] = module.register_forward_hook(Dispatch(self, "forward"), with_kwargs=True)
 
     def add(self, handle: HookHandle) -> None:
         """Insert ``handle`` at its place: group priority, then registration order."""
@@ -184,8 +191,9 @@ class ModuleSlot:
 
     def discard(self, handle: HookHandle) -> bool:
         """Take ``handle`` out. Returns whether the slot is now empty (its dispatchers are then released)."""
+        had_backward = bool(self.backward)
         self._set(handle.kind, tuple(h for h in self.entries(handle.kind) if h is not handle))
-        if not self.backward:
+        if had_backward and not self.backward and self._local is not None:
             self._local = threading.local()  # drop the records of calls left unfinished by an exception
         return not (self.pre or self.forward or self.backward)
 
@@ -193,7 +201,7 @@ class ModuleSlot:
     def _next_index(self) -> int:
         """This call's index among the module's calls in the current forward of the model (see RunState)."""
         runs, local = self.runs, self._local
-        if runs.active == 0:
+        if runs.active == 0 or local is None:
             return 0
         if getattr(local, "run", None) != runs.run:
             local.run, local.n = runs.run, 0
@@ -220,7 +228,7 @@ class ModuleSlot:
                 new_args, new_kwargs = record.take_inputs(args, kwargs, copy=self.copy_inputs)
                 if new_args is not args or new_kwargs is not kwargs:
                     args, kwargs, changed = new_args, new_kwargs, True
-        if tracked:
+        if tracked and self._local is not None:
             stack = self._local.__dict__.setdefault("stack", [])
             stack.append((call, record))
             del stack[:-_MAX_PENDING]  # calls whose forward raised never pop theirs
@@ -229,7 +237,7 @@ class ModuleSlot:
     def run_forward(self, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], output: Any) -> Any:
         """Run the active forward hooks in order, then hook the outputs of this call for its backward record."""
         call, record = 0, None
-        if self.count_calls:
+        if self.count_calls and self._local is not None:
             stack = self._local.__dict__.get("stack")
             if stack:
                 call, record = stack.pop()

@@ -1,10 +1,10 @@
 """Managed module hooks: named groups, a fixed order, activation without re-registration, guaranteed cleanup.
 
 The order of hooks on one module is: higher group ``priority`` first, then registration order. Activating or
-deactivating a hook never moves it. All hooks a manager has on a module run from one PyTorch hook (one for the
-pre-forward phase, one for the forward phase), installed when the manager first hooks that module, so relative to
-hooks registered directly with PyTorch they run at that position (PyTorch runs a module's hooks in registration
-order, after global hooks).
+deactivating a hook never moves it. All forward hooks a manager has on a module run from one PyTorch forward hook,
+installed the first time the manager needs one on that module, and all its pre-hooks from one pre-hook, likewise;
+relative to hooks registered directly with PyTorch each runs at that position (PyTorch runs a module's hooks in
+registration order, after global hooks).
 """
 
 from __future__ import annotations
@@ -75,6 +75,9 @@ def _keywords(fn: Callable[..., Any], kind: str, with_kwargs: bool) -> tuple[str
     return wanted
 
 
+_NO_THREADS = threading.local()  # never written to: the per-thread flag of hooks active in all threads
+
+
 class HookHandle:
     """One hook function on one module in one group: activate, deactivate or remove it on its own.
 
@@ -88,6 +91,11 @@ class HookHandle:
         name: ``"<function name>[<module name>]"``, as in TackleBox.
         seq: registration order within the manager.
     """
+
+    __slots__ = (
+        "__weakref__", "_call_target", "_keywords", "_local", "_on", "_plain", "_retain", "_shared", "_with_kwargs",
+        "fn", "group", "hook_fn", "kind", "module", "module_name", "name", "removed", "seq",
+    )  # fmt: skip
 
     def __init__(
         self,
@@ -120,7 +128,7 @@ class HookHandle:
         self._retain = retain
         self._shared = group.threads == "all"
         self._on = False
-        self._local = threading.local()
+        self._local = _NO_THREADS if self._shared else threading.local()
 
     # -- activation ----------------------------------------------------------------------------------------------
     def is_active(self) -> bool:

@@ -84,15 +84,18 @@ def test_recursive_calls_are_numbered_in_start_order():
     assert sorted(seen_post) == [(0, 1.0), (1, 10.0)]
 
 
-def test_all_dispatchers_sit_where_the_manager_first_hooked_the_module(mlp):
+def test_each_dispatcher_sits_where_the_manager_first_needed_it(mlp):
     log = []
     mgr = HookManager(mlp)
-    mgr.group("g").forward("0", lambda m, a, o: log.append("mgr forward"))
-    raw = mlp[0].register_forward_pre_hook(lambda m, a: log.append("raw pre"))
-    mgr.group("g").forward_pre("0", lambda m, a: log.append("mgr pre"))
+    mgr.group("g").forward("0", lambda m, a, o: log.append("mgr forward 1"))
+    raw_pre = mlp[0].register_forward_pre_hook(lambda m, a: log.append("raw pre"))
+    raw_forward = mlp[0].register_forward_hook(lambda m, a, o: log.append("raw forward"))
+    mgr.group("g").forward_pre("0", lambda m, a: log.append("mgr pre"))  # the first pre-hook: after "raw pre"
+    mgr.group("g").forward("0", lambda m, a, o: log.append("mgr forward 2"))  # joins the forward dispatcher
     mlp(torch.randn(1, 4))
-    assert log == ["mgr pre", "raw pre", "mgr forward"]
-    raw.remove()
+    assert log == ["raw pre", "mgr pre", "mgr forward 1", "mgr forward 2", "raw forward"]
+    raw_pre.remove()
+    raw_forward.remove()
     mgr.remove_all()
 
 
