@@ -36,10 +36,15 @@ def _close_matches(name: str, names: list[str]) -> list[str]:
     return matches
 
 
+def close_match_hint(name: str, names: list[str]) -> str:
+    """``"did you mean 'a', 'b'?"`` with the names closest to ``name``, or a sentence saying there are none."""
+    matches = _close_matches(name, [n for n in names if n])
+    return f"did you mean {', '.join(repr(m) for m in matches)}?" if matches else "no similar name exists."
+
+
 def unknown_name_message(name: str, names: list[str], what: str = "`target`") -> str:
     """An error message for a module name that is not in the model, listing the closest names."""
-    matches = _close_matches(name, [n for n in names if n])
-    hint = f"did you mean {', '.join(repr(m) for m in matches)}?" if matches else "no similar name exists."
+    hint = close_match_hint(name, names)
     return f"{what} {name!r} is not a module of the model; {hint} (see hooks.module_names(model) for all names)"
 
 

@@ -16,7 +16,6 @@ import threading
 import warnings
 import weakref
 from collections import OrderedDict
-from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
@@ -133,12 +132,11 @@ class Installed:
         self.module_ref = weakref.ref(module)
         self.handles: dict[str, RemovableHandle] = {}
 
-    def release(self, phase: str | None = None) -> None:
-        """Remove the PyTorch hook of ``phase`` (or all of them) and the state filter when nothing is left."""
-        for key in [phase] if phase is not None else list(self.handles):
-            handle = self.handles.pop(key, None)
-            if handle is not None:
-                handle.remove()
+    def release(self) -> None:
+        """Remove the PyTorch hooks and, when no manager's dispatcher is left on the module, the state filter."""
+        for handle in self.handles.values():
+            handle.remove()
+        self.handles.clear()
         module = self.module_ref()
         if module is not None:
             _drop_state_filter(module)
@@ -415,6 +413,3 @@ def release_all(installed: dict[int, Installed]) -> None:
     for item in list(installed.values()):
         item.release()
     installed.clear()
-
-
-Call = Callable[..., Any]

@@ -21,7 +21,7 @@ from typing import Any, Literal
 from torch import nn
 
 from ._errors import HookError
-from ._resolve import Target, resolve
+from ._resolve import Target, close_match_hint, resolve
 from ._slots import Dispatch, Installed, ModuleSlot, RunState, install_state_filter, release_all
 
 Kind = Literal["forward", "forward_pre", "backward"]
@@ -591,14 +591,10 @@ class HookManager:
         """Remove every hook and group of this manager; the model is left with exactly its own hooks."""
         with self._lock:
             for group in list(self._groups.values()):
-                group.remove()
-            self._remove_handles(self.handles())
+                group.remove()  # every handle is in a group: this releases every slot and the root hooks
             for module in self._named_by_us.values():
                 module.__dict__.pop("name", None)
             self._named_by_us.clear()
-            release_all(self._installed)
-            self._slots.clear()
-            self._root = None
 
     close = remove_all
 
@@ -942,12 +938,7 @@ class HookManager:
     def _lookup(table: dict[str, Any], key: str, what: str) -> Any:
         if key in table:
             return table[key]
-        from ._resolve import unknown_name_message  # local: only needed on the error path
-
-        message = unknown_name_message(key, list(table), what=what).replace(
-            "is not a module of the model", "is not registered"
-        )
-        raise KeyError(message.split(" (see")[0])
+        raise KeyError(f"{what} {key!r} is not registered; {close_match_hint(key, list(table))}")
 
 
 def _category(category: str) -> str | None:
