@@ -29,8 +29,7 @@ import torch
 from torch import nn
 from tqdm.auto import tqdm
 
-from hooks import HookManager
-from hooks._resolve import resolve
+from hooks import HookManager, resolve
 
 from . import _cam_math as cm
 from ._guard import evaluating

@@ -20,8 +20,8 @@ from torch import nn
 from torch.utils import _pytree as pytree
 from tqdm.auto import tqdm
 
-from hooks import HookManager
-from hooks._resolve import Target, resolve
+from hooks import HookManager, resolve
+from hooks import ModuleTarget as Target
 
 from ._guard import evaluating
 from ._inputs import batch_size, call

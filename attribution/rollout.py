@@ -16,9 +16,8 @@ import einops
 import torch
 from torch import nn
 
-from hooks import HookManager
-from hooks._resolve import Target as LayerTarget
-from hooks._resolve import resolve
+from hooks import HookManager, resolve
+from hooks import ModuleTarget as LayerTarget
 
 from . import _cam_math as cm
 from ._guard import evaluating

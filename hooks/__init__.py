@@ -14,7 +14,7 @@ Example:
 """
 
 from ._errors import HookError, ModuleNotFoundInModelError
-from ._resolve import module_names
+from ._resolve import ModuleTarget, module_names, resolve
 from .manager import HookFunction, HookGroup, HookHandle, HookManager
 from .recorder import Record, Recorder, Recording
 from .trace import ModuleCall, Trace, trace
@@ -32,5 +32,6 @@ __all__ = [
     "Recording",
     "Trace",
     "module_names",
+    "resolve",
     "trace",
 ]

@@ -11,7 +11,8 @@ from torch import nn
 
 from ._errors import ModuleNotFoundInModelError
 
-Target = Union[str, nn.Module, type, Sequence["Target"]]  # noqa: UP007 (a recursive alias needs Union on 3.10)
+ModuleTarget = Union[str, nn.Module, type, Sequence["ModuleTarget"]]  # noqa: UP007 (a recursive alias needs Union on 3.10)
+Target = ModuleTarget  # the name used inside hooks
 
 _GLOB_CHARS = frozenset("*?[")
 
