@@ -414,7 +414,7 @@ def plot_atp_vs_exact(
     x, y = x[finite], y[finite]
     labels = [label for label, keep in zip(labels, finite.tolist(), strict=True) if keep]
     if ax is None:
-        _, ax = plt.subplots(figsize=(4.5, 4.5))
+        _, ax = plt.subplots(figsize=(4.5, 4.5), layout="constrained")
     if len(x) > 1:
         spearman = float(torch.corrcoef(torch.stack([_ranks(x), _ranks(y)]))[0, 1])
         pearson = float(torch.corrcoef(torch.stack([x, y]))[0, 1])
@@ -431,7 +431,7 @@ def plot_atp_vs_exact(
             ax.annotate(labels[i], (float(x[i]), float(y[i])), fontsize=7, xytext=(3, 3), textcoords="offset points")
     ax.set_xlabel("exact activation patching")
     ax.set_ylabel("attribution patching (estimate)")
-    ax.legend(loc="upper left", fontsize=8)
+    ax.legend(loc="best", fontsize=8)
     if title:
         ax.set_title(title)
     return ax
@@ -487,7 +487,7 @@ def plot_path_patching(
     if top is not None:
         order = flat.abs().nan_to_num(-1.0).argsort(descending=True)[:top].tolist()
     if ax is None:
-        _, ax = plt.subplots(figsize=(5, max(2.0, 0.3 * len(order) + 1)))
+        _, ax = plt.subplots(figsize=(5, max(2.0, 0.3 * len(order) + 1)), layout="constrained")
     cmap = plt.get_cmap("RdBu_r")
     rows = np.arange(len(order))
     colours = [cmap(0.85) if flat[i] >= 0 else cmap(0.15) for i in order]
