@@ -186,7 +186,7 @@ def attribution_patching(
                 stacklevel=2,
             )
         product = sum(
-            (s - t) * (g / ig_steps)
+            (_wide(s) - _wide(t)) * (_wide(g) / ig_steps)
             for s, t, g in zip(source[name], target[name], grads[name], strict=True)
             if g is not None
         )
@@ -231,7 +231,8 @@ def gradient_run(
         calls = taps[name]
         del calls[call_index:]
         if replace is None:
-            leaf = current.detach().requires_grad_(True)
+            # our own copy: an in-place change of the module's tensor later in the forward cannot reach it
+            leaf = current.detach().clone().requires_grad_(True)
             new = _Tap.apply(current, leaf)  # a copy of `current`; its gradient reaches both
         else:
             given = replace[name]
@@ -304,6 +305,11 @@ class _Tap(torch.autograd.Function):
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, torch.Tensor]:
         return (grad if ctx.needs_input_grad[0] else None), grad
+
+
+def _wide(x: torch.Tensor) -> torch.Tensor:
+    """At least float32, so that half-precision activations are not multiplied and summed in half precision."""
+    return x.to(torch.promote_types(x.dtype, torch.float32))
 
 
 def _add(a: torch.Tensor | None, b: torch.Tensor | None) -> torch.Tensor | None:

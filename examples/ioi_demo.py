@@ -33,11 +33,17 @@ from attribution.path_patching import path_patching
 from attribution.plot import plot_atp_vs_exact, plot_patching, plot_path_patching
 
 HEADS, HEAD_PATTERN = 9, "b t (h d) -> b t h d"
-FACTS = [
+FACTS = [  # ten capitals and ten landmarks, as first written down (not chosen for the model's answers)
     ("The capital of France is", " Paris"), ("The capital of Germany is", " Berlin"),
-    ("The capital of Italy is", " Rome"), ("The capital of Japan is", " Tokyo"),
-    ("The Eiffel Tower is in the city of", " Paris"), ("The Colosseum is in the city of", " Rome"),
-    ("The Kremlin is in the city of", " Moscow"), ("The Golden Gate Bridge is in the city of", " San"),
+    ("The capital of Italy is", " Rome"), ("The capital of Spain is", " Madrid"), ("The capital of Japan is", " Tokyo"),
+    ("The capital of Russia is", " Moscow"), ("The capital of England is", " London"),
+    ("The capital of Egypt is", " Cairo"), ("The capital of Greece is", " Athens"),
+    ("The capital of China is", " Beijing"), ("The Eiffel Tower is in the city of", " Paris"),
+    ("The Colosseum is in the city of", " Rome"), ("Big Ben is in the city of", " London"),
+    ("The Brandenburg Gate is in the city of", " Berlin"), ("The Statue of Liberty is in the city of", " New"),
+    ("The Kremlin is in the city of", " Moscow"), ("The Acropolis is in the city of", " Athens"),
+    ("The Golden Gate Bridge is in the city of", " San"), ("The Sagrada Familia is in the city of", " Barcelona"),
+    ("The Forbidden City is in the city of", " Beijing"),
 ]  # fmt: skip
 
 
@@ -65,12 +71,15 @@ def main(out: Path, threads: int = 2) -> None:
         f"{clean_diff.mean():.2f} (ABBA {clean_diff[0::2].mean():.2f}, BABA {clean_diff[1::2].mean():.2f}, "
         f"min {clean_diff.min():.2f}); corrupted (S2 = IO): {corrupted_diff.mean():.2f}"
     )
-    right = 0
+    wrong = []
     with torch.no_grad():
         for prompt, answer in FACTS:
             ids = tokenizer(prompt, return_tensors="pt", add_special_tokens=False).input_ids
-            right += tokenizer.decode(model(input_ids=ids, use_cache=False).logits[0, -1].argmax()) == answer
-    print(f"capitals and landmarks: {right}/{len(FACTS)} top-1 completions right")
+            top = tokenizer.decode(model(input_ids=ids, use_cache=False).logits[0, -1].argmax())
+            if top != answer:
+                wrong.append(f"{prompt!r} -> {top!r}")
+    print(f"capitals and landmarks: {len(FACTS) - len(wrong)}/{len(FACTS)} top-1 completions right; wrong: "
+          + "; ".join(wrong))  # fmt: skip
 
     # 2. screen with attribution patching, confirm with exact patching ----------------------------------------
     resid_layers = [f"model.layers.{i}" for i in range(n_layers)] + ["model.norm"]
@@ -150,7 +159,7 @@ def main(out: Path, threads: int = 2) -> None:
 
     fig, axes = plt.subplots(1, 3, figsize=(17, 5.5))
     residual_cells(axes[0], resid_atp[checked][:, [s2, end]], resid_ig, resid_exact, [resid_labels[i] for i in checked])
-    labels = [label(int(i), heads_atp.shape) for i in chosen]
+    labels = [label(int(i), heads_atp.shape, POSITIONS) for i in chosen]
     plot_atp_vs_exact(flat[chosen], exact_cells, layers=labels, annotate=6, ax=axes[1],
                       title="head cells: 12 strongest by AtP and 12 others")  # fmt: skip
     plot_path_patching(path, total, layers=[f"L{layer}" for layer in layers], tokens=[f"H{h}" for h in range(HEADS)],
@@ -183,9 +192,9 @@ def unravel(index: int, shape: torch.Size) -> tuple[int, int, int]:
     return layer, rest // shape[2], rest % shape[2]
 
 
-def label(index: int, shape: torch.Size) -> str:
+def label(index: int, shape: torch.Size, positions: list[str]) -> str:
     layer, position, head = unravel(index, shape)
-    return f"L{layer}.H{head}@{position}"
+    return f"L{layer}.H{head} " + ("end" if position == len(positions) - 1 else positions[position])
 
 
 def exact_head_cell(model, corrupted, metric, clean_heads, index: int, shape: torch.Size) -> torch.Tensor:

@@ -341,6 +341,29 @@ def test_in_place_relu_after_the_site_and_a_cnn():
     torch.testing.assert_close(estimate[0], expected.float(), rtol=0, atol=1e-6)
 
 
+def test_an_in_place_change_of_the_site_tensor_later_in_the_forward():
+    """The parent changes the tensor it passed to the site module in place afterwards: our copy must not change."""
+
+    class Parent(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.lin, self.head = nn.Linear(3, 3), nn.Linear(3, 1)
+
+        def forward(self, x):
+            x = x + 0
+            h = self.lin(x)
+            x.mul_(2)  # the input of `lin`, changed after `lin` ran
+            return self.head(h) + x.sum(-1, keepdim=True)
+
+    torch.manual_seed(0)
+    model = Parent().double()
+    clean, corrupted = torch.randn(2, 3, dtype=torch.float64), torch.randn(2, 3, dtype=torch.float64)
+    metric = lambda out: out.sum()  # noqa: E731
+    kwargs = {"site": "input", "positions": False}
+    exact = activation_patching(model, clean, corrupted, "lin", metric, progress=False, **kwargs)
+    torch.testing.assert_close(attribution_patching(model, clean, corrupted, "lin", metric, **kwargs), exact)
+
+
 def test_a_huggingface_model():
     transformers = pytest.importorskip("transformers")
     config = transformers.LlamaConfig(
