@@ -52,7 +52,7 @@ def attribution_patching(
     layers: Target,
     metric: Callable[[Any], torch.Tensor],
     *,
-    site: Site = "output",
+    site: Literal["output", "input"] = "output",
     element: int | None = None,
     positions: bool | Sequence[int] = True,
     heads: int | None = None,

@@ -8,7 +8,7 @@ keeps only the paths that avoid the sites in ``freeze`` and end in the ``receive
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, Literal
 
 import torch
 from torch import nn
@@ -22,7 +22,6 @@ from ._inputs import batch_size, call
 from .patching import (
     DEFAULT_HEAD_PATTERN,
     Recorded,
-    Site,
     _Cell,
     _cell_index,
     _cells,
@@ -48,12 +47,12 @@ def path_patching(
     metric: Callable[[Any], torch.Tensor],
     *,
     freeze: Target | None = None,
-    site: Site = "output",
+    site: Literal["output", "input"] = "output",
     element: int | None = None,
     positions: bool | Sequence[int] = True,
     heads: int | None = None,
     head_pattern: str = DEFAULT_HEAD_PATTERN,
-    receiver_site: Site = "input",
+    receiver_site: Literal["output", "input"] = "input",
     receiver_element: int | None = None,
     receiver_positions: Sequence[int] | None = None,
     per_example: bool = False,
