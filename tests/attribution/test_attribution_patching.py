@@ -318,8 +318,10 @@ def test_grad_mode_and_inference_mode_callers():
     with torch.inference_mode():
         inferred = attribution_patching(model, clean, corrupted, "0", metric)
         assert torch.is_inference_mode_enabled()
+        made_here = clean.clone(), corrupted.clone()  # inference tensors
+        inference_inputs = attribution_patching(model, *made_here, "0", metric)
     loud = attribution_patching(model, clean, corrupted, "0", metric)
-    assert torch.equal(quiet, loud) and torch.equal(inferred, loud)
+    assert torch.equal(quiet, loud) and torch.equal(inferred, loud) and torch.equal(inference_inputs, loud)
 
 
 def test_in_place_relu_after_the_site_and_a_cnn():
