@@ -55,6 +55,7 @@ def path_patching(
     receiver_site: Literal["output", "input"] = "input",
     receiver_element: int | None = None,
     receiver_positions: Sequence[int] | None = None,
+    cells: Sequence[Sequence[int]] | None = None,
     per_example: bool = False,
     normalize: bool = False,
     progress: bool = True,
@@ -96,6 +97,9 @@ def path_patching(
         receiver_site: ``"input"`` (default) or ``"output"`` of the receivers.
         receiver_element: which element of a receiver's tuple input or output.
         receiver_positions: positions (axis 1) of the receivers' activations to patch; ``None``: all.
+        cells: run only these cells, given as indices into the result (``(sender, head)`` for a ``(senders, heads)``
+            result, ``(sender, position_index, head)`` for ``(senders, positions, heads)``...); the other cells are
+            NaN. For confirming a few cells that a screen such as attribution patching ranked first.
         per_example: keep one value per batch item (a trailing batch axis).
         normalize: return ``(patched - m_base) / (m_source - m_base)``: 0 is the ``base`` run, 1 the ``source`` run.
         progress: show a tqdm progress bar.
@@ -159,11 +163,12 @@ def path_patching(
                     f"`{kind}` {silent[0]!r} did not run as a module during the forward; see hooks.trace(model, inputs)"
                 )
         axes = _view_axes(head_pattern if heads else None, positions is not False)
-        cells, shape = _cells(sender_names, source_acts, positions, heads, head_pattern, axes)
+        every, shape = _cells(sender_names, source_acts, positions, heads, head_pattern, axes)
+        chosen = range(len(every)) if cells is None else _chosen(cells, shape)
         sizes = {"h": heads} if heads else {}
         pattern = head_pattern if heads else None
         receiver_index: tuple[Any, ...] = () if receiver_positions is None else (slice(None), list(receiver_positions))
-        values = torch.empty(len(cells), *((batch,) if per_example else ()))
+        values = torch.full((len(every), *((batch,) if per_example else ())), float("nan"))
 
         state: dict[str, Any] = {"stage": None, "cell": None}
         received: dict[str, list[torch.Tensor]] = {}
@@ -202,7 +207,8 @@ def path_patching(
         with HookManager(model) as mgr:
             _hook_site(mgr.group("path-patching-senders"), patched_names, site, element, sender_site)
             _hook_site(mgr.group("path-patching-receivers"), receiver_names, receiver_site, receiver_element, receiver)
-            for i, cell in enumerate(tqdm(cells, desc="path patching", disable=not progress, leave=False)):
+            for i in tqdm(chosen, desc="path patching", disable=not progress, leave=False):
+                cell = every[i]
                 received.clear()
                 state.update(stage="sender", cell=cell)
                 call(model, base)
@@ -215,6 +221,20 @@ def path_patching(
         low, high = base_metric.float().cpu(), source_metric.float().cpu()
         result = (result - low) / (high - low)
     return result
+
+
+def _chosen(cells: Sequence[Sequence[int]], shape: tuple[int, ...]) -> list[int]:
+    """Flat (row-major) indices of ``cells``, index tuples into a result of ``shape``; checked."""
+    flat = set()
+    for cell in cells:
+        index = tuple(int(i) for i in cell)
+        if len(index) != len(shape) or not all(-n <= i < n for i, n in zip(index, shape, strict=True)):
+            raise IndexError(f"`cells` entry {tuple(cell)} is not an index into the result's shape {shape}")
+        position = 0
+        for i, n in zip(index, shape, strict=True):
+            position = position * n + i % n
+        flat.add(position)
+    return sorted(flat)
 
 
 def _call(acts: Recorded, name: str, index: int) -> torch.Tensor:
