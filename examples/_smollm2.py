@@ -86,8 +86,13 @@ class IOI:
         return self.logit_diff(output).mean()
 
     def inputs(self, which: str = "clean") -> dict[str, Any]:
-        """Keyword inputs of the model for the clean or the corrupted prompts (no key/value cache)."""
-        return {"input_ids": self.clean if which == "clean" else self.corrupted, "use_cache": False}
+        """Keyword inputs of the model for the clean or the corrupted prompts.
+
+        No key/value cache, and logits only at the last position (``logits_to_keep=1``: the unembedding, 49152 x
+        576, is the most expensive matrix of the model, and the metric reads the last position only).
+        """
+        ids = self.clean if which == "clean" else self.corrupted
+        return {"input_ids": ids, "use_cache": False, "logits_to_keep": 1}
 
 
 def ioi_prompts(tokenizer: Any) -> IOI:
