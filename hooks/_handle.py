@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import inspect
 import threading
+import weakref
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -39,12 +40,35 @@ def function_name(fn: Callable[..., Any]) -> str:
     return getattr(fn, "__qualname__", None) or getattr(fn, "__name__", None) or repr(fn)
 
 
-def requested_extras(fn: Callable[..., Any], kind: str, with_kwargs: bool, where: str) -> tuple[str, ...]:
+def requested_extras(
+    fn: Callable[..., Any], kind: str, with_kwargs: bool, where: str, cache: weakref.WeakKeyDictionary[Any, Any]
+) -> tuple[str, ...]:
     """Check that ``fn`` takes the positional arguments of its kind; return the keyword-only extras it asks for.
+
+    A function that fits is remembered in ``cache`` (weakly: the cache keeps nothing alive), so that registering one
+    function on many modules, one at a time, checks it once.
 
     Raises:
         TypeError: ``fn`` cannot be called that way; the message names ``where`` (group and modules).
     """
+    function = getattr(fn, "__func__", fn)  # a bound method: its function, with the instance bound or not
+    key = (kind, with_kwargs, function is not fn)
+    try:
+        known = cache.get(function)
+    except TypeError:  # neither hashable nor weakly referable: checked every time
+        return _extras(fn, kind, with_kwargs, where)
+    if known is not None and key in known:
+        extras: tuple[str, ...] = known[key]
+        return extras
+    extras = _extras(fn, kind, with_kwargs, where)
+    try:
+        cache.setdefault(function, {})[key] = extras
+    except TypeError:
+        pass
+    return extras
+
+
+def _extras(fn: Callable[..., Any], kind: str, with_kwargs: bool, where: str) -> tuple[str, ...]:
     params = _POSITIONAL[(kind, with_kwargs)]
     try:
         sig = inspect.signature(fn)
@@ -107,7 +131,7 @@ class HookHandle:
         self._global = group.threads == "all"
         self._on = False  # active everywhere (threads="all" groups only)
         self._threads: set[threading.Thread] = set()  # the threads it is active in (other groups)
-        self.invoke = _invoker(kind, fn, with_kwargs, asks, self.describe())
+        self.invoke = _invoker(kind, fn, with_kwargs, asks, self.describe)
 
     # -- activation --------------------------------------------------------------------------------------------
     def fires(self, thread: threading.Thread) -> bool:
@@ -170,7 +194,9 @@ class HookHandle:
         self.remove()
 
 
-def _invoker(kind: str, fn: Callable[..., Any], with_kwargs: bool, asks: tuple[str, ...], where: str) -> Any:
+def _invoker(
+    kind: str, fn: Callable[..., Any], with_kwargs: bool, asks: tuple[str, ...], where: Callable[[], str]
+) -> Any:
     """The function the dispatcher calls for one handle, with the arguments of its kind and the extras it asks for.
 
     ``forward``: ``invoke(module, args, kwargs, output, extras) -> new output or None``; ``forward_pre``:
@@ -200,7 +226,7 @@ def _invoker(kind: str, fn: Callable[..., Any], with_kwargs: bool, asks: tuple[s
                     return None
                 if not (isinstance(result, tuple) and len(result) == 2 and isinstance(result[1], dict)):
                     raise HookError(
-                        f"{where} (with_kwargs=True) must return None or (args, kwargs); got {type(result).__name__}"
+                        f"{where()} (with_kwargs=True) must return None or (args, kwargs); got {type(result).__name__}"
                     )
                 return tuple(result[0]), result[1]
             result = fn(module, args, **chosen)
@@ -214,7 +240,7 @@ def _invoker(kind: str, fn: Callable[..., Any], with_kwargs: bool, asks: tuple[s
         result = fn(module, grad_input, grad_output, **{k: extras[k] for k in asks})
         if result is not None:
             raise HookError(
-                f"{where} returned {type(result).__name__}; backward hooks observe gradients and must return None "
+                f"{where()} returned {type(result).__name__}; backward hooks observe gradients and must return None "
                 "(to change gradients, register a tensor hook on the output in a forward hook)"
             )
 

@@ -222,6 +222,7 @@ class HookManager:
         self._runs = RunState()
         self._model_hooks: Installed | None = None
         self._index = ModelIndex(model)
+        self._signatures: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()
         self._finalizer = weakref.finalize(self, release_all, self._installed)
 
     # -- groups ------------------------------------------------------------------------------------------------
@@ -272,7 +273,7 @@ class HookManager:
             raise TypeError(f"`fn` must be callable; got {type(fn).__name__}: {fn!r}")
         pairs = resolve(self.model, target, index=self._index)
         names = ", ".join(repr(n or "<model>") for n, _ in pairs[:3]) + (", ..." if len(pairs) > 3 else "")
-        asks = requested_extras(fn, kind, with_kwargs, f"group {group.name!r} on {names}")
+        asks = requested_extras(fn, kind, with_kwargs, f"group {group.name!r} on {names}", self._signatures)
         key = _fn_key(fn)
         with self._lock:
             for module_name, module in pairs:  # validate everything before touching anything
