@@ -12,7 +12,7 @@ sys.path.insert(0, str(DOCS / "_ext"))
 project = "hookscope"
 author = "hookscope developers"
 copyright = "hookscope developers"
-release = "0.1.0"
+release = "0.2.0"
 
 extensions = [
     "sphinx.ext.autodoc",
@@ -40,9 +40,16 @@ nitpick_ignore_regex = [
     # names of other libraries in signatures: no intersphinx (it would fetch their inventories over the network)
     (r"py:.*", r"(torch|numpy|np|matplotlib|PIL|einops|tqdm)(\..*)?"),
     (r"py:.*", r"(nn|Tensor|Figure|Axes)(\..*)?"),
-    (r"py:.*", r"(collections\.abc|pathlib|typing|types|threading)\..*"),  # the standard library, likewise
+    (r"py:.*", r"(collections\.abc|contextlib|pathlib|typing|types|threading|weakref)\..*"),  # the standard library
 ]
 nitpick_ignore = [
+    # type aliases and private helpers named in signatures (Literal aliases have no page of their own)
+    ("py:class", "LayerTarget"),
+    ("py:class", "Site"),
+    ("py:class", "Fusion"),
+    ("py:class", "_Site"),
+    ("py:class", "ModelIndex"),
+    ("py:class", "hooks._resolve.ModelIndex"),
     # `Target`, the private type alias of `target` arguments (hooks and attribution); the guides describe it
     ("py:class", "Target"),
     # the private record (module name, kind, switch) that find_attention returns for each attention site
