@@ -15,6 +15,7 @@ make this harder than a counter:
 
 from __future__ import annotations
 
+import bisect
 import sys
 import threading
 import weakref
@@ -40,17 +41,22 @@ class Entry:
     call: int
     thread: threading.Thread
     first_input: weakref.ref[torch.Tensor] | None
-    storage: int
+    storage: int  # data pointer of the first input
     recorded: bool = False  # a backward record was made for it (its forward ran under autograd)
     replayed_in: int = -2  # the backward pass that last replayed it
 
 
 @dataclass(eq=False)
 class Run:
-    """The calls of one forward of the model, in the order they started."""
+    """The calls of one forward of the model, in the order they started, with each module's positions."""
 
     thread: threading.Thread
     entries: list[Entry] = field(default_factory=list)
+    positions: dict[object, list[int]] = field(default_factory=dict)  # slot -> its entries' positions
+
+    def add(self, entry: Entry) -> None:
+        self.positions.setdefault(entry.slot, []).append(len(self.entries))
+        self.entries.append(entry)
 
 
 class _Local(threading.local):
@@ -70,12 +76,12 @@ def first_tensor(args: tuple[Any, ...]) -> torch.Tensor | None:
     return args[0] if args and isinstance(args[0], torch.Tensor) else None
 
 
-def _storage(t: torch.Tensor | None) -> int:
+def _pointer(t: torch.Tensor | None) -> int:
     if t is None:
         return 0
     try:
-        return int(t.untyped_storage().data_ptr())
-    except (RuntimeError, NotImplementedError):
+        return int(t.data_ptr())
+    except (RuntimeError, NotImplementedError):  # tensors without storage (nested, fake, functorch wrappers)
         return 0
 
 
@@ -137,35 +143,35 @@ class RunState:
         index = local.counts.get(slot, 0)
         local.counts[slot] = index + 1
         x = first_tensor(args)
-        entry = Entry(slot, index, thread, weakref.ref(x) if x is not None else None, _storage(x))
-        local.run.entries.append(entry)
+        entry = Entry(slot, index, thread, weakref.ref(x) if x is not None else None, _pointer(x))
+        local.run.add(entry)
         return index, thread, entry, False
 
     def _match(self, slot: object, x: torch.Tensor | None, task: int) -> Entry | None:
         """The forward call a recomputed call replays: same input tensor, else the next call, else the newest."""
         local = self.local
         runs = list(reversed(self.history))
-        storage = _storage(x)
-        if storage:  # the same (living) tensor as the forward call's input: the checkpoint's own input
+        pointer = _pointer(x)
+        if pointer:  # the same (living) tensor as the forward call's input: the checkpoint's own input
             for run in runs:
-                for position in range(len(run.entries) - 1, -1, -1):
+                for position in reversed(run.positions.get(slot, ())):
                     entry = run.entries[position]
-                    if entry.slot is slot and entry.replayed_in != task and entry.storage == storage:
+                    if entry.replayed_in != task and entry.storage == pointer:
                         alive = entry.first_input() if entry.first_input is not None else None
-                        if alive is not None and _storage(alive) == storage:
+                        if alive is not None and _pointer(alive) == pointer:
                             return self._take(run, position, task)
         if local.cursor is not None:  # the calls of one recomputation follow each other as in the forward
-            run, position = local.cursor
-            for later in range(position + 1, len(run.entries)):
-                entry = run.entries[later]
-                if entry.replayed_in == task:
+            run, after = local.cursor
+            positions = run.positions.get(slot, [])
+            for position in positions[bisect.bisect_right(positions, after) :]:
+                if run.entries[position].replayed_in == task:
                     break
-                if entry.slot is slot:
-                    return self._take(run, later, task)
+                if not any(e.replayed_in == task for e in run.entries[after + 1 : position]):
+                    return self._take(run, position, task)
+                break
         for run in runs:  # segments are recomputed last first
-            for position in range(len(run.entries) - 1, -1, -1):
-                entry = run.entries[position]
-                if entry.slot is slot and entry.replayed_in != task:
+            for position in reversed(run.positions.get(slot, ())):
+                if run.entries[position].replayed_in != task:
                     return self._take(run, position, task)
         return None
 
