@@ -40,6 +40,25 @@ def eager_module(model: nn.Module) -> nn.Module:
 
 
 @contextmanager
+def eager_if_compiled(model: nn.Module) -> Iterator[None]:
+    """Run compiled code eagerly in the body when ``model`` or a submodule is compiled, so that hooks fire.
+
+    ``torch.compile`` does not guard the hook dictionaries of compiled code: a model compiled and run before our
+    hooks existed would silently skip them. ``torch.compiler.set_stance("force_eager")`` runs the same modules
+    eagerly, with their hooks.
+    """
+    compiled = any(
+        getattr(m, "_compiled_call_impl", None) is not None or m is not eager_module(m) for m in model.modules()
+    )
+    stance = getattr(torch.compiler, "set_stance", None)
+    if compiled and stance is not None:
+        with stance("force_eager"):
+            yield
+    else:
+        yield
+
+
+@contextmanager
 def kept_state(model: nn.Module) -> Iterator[None]:
     """Run the body in eval mode, outside inference mode, compiled code eagerly; restore all state afterwards.
 
@@ -51,15 +70,12 @@ def kept_state(model: nn.Module) -> Iterator[None]:
     flags = [m.training for m in modules]
     params = [(p, p.requires_grad, p.grad) for p in model.parameters()]
     grad_mode = torch.is_grad_enabled()
-    compiled = any(getattr(m, "_compiled_call_impl", None) is not None or m is not eager_module(m) for m in modules)
     try:
         with ExitStack() as stack:
             if any(flags):
                 model.eval()
             stack.enter_context(torch.inference_mode(False))
-            stance = getattr(torch.compiler, "set_stance", None)
-            if compiled and stance is not None:  # `module.compile()` or a compiled submodule: run it eagerly
-                stack.enter_context(stance("force_eager"))
+            stack.enter_context(eager_if_compiled(model))
             yield
     finally:
         for module, flag in zip(modules, flags, strict=True):
@@ -99,10 +115,12 @@ def did_not_run(what: str, name: str) -> ValueError:
     )
 
 
-def no_dependence(what: str, name: str, scores: torch.Tensor | None = None) -> ValueError:
+def no_dependence(
+    what: str, name: str, scores: torch.Tensor | None = None, *, checkpointed: bool = False
+) -> ValueError:
     """A target score whose graph does not reach a site; names reentrant checkpointing when that is the cause."""
     message = f"the target score does not depend on {what} {name!r}"
-    if scores is not None and reentrant_checkpoint(scores):
+    if checkpointed or (scores is not None and reentrant_checkpoint(scores)):
         return ValueError(message + ": " + CHECKPOINT_HINT)
     return ValueError(
         message + ": no gradient flows from the score back to it. Choose a site on the path to the output (a layer "
@@ -133,6 +151,17 @@ def reentrant_checkpoint(scores: torch.Tensor) -> bool:
     return False
 
 
+def _inside_reentrant_checkpoint() -> bool:
+    """Whether the calling hook runs inside ``CheckpointFunction.forward`` (``checkpoint(use_reentrant=True)``)."""
+    frame = inspect.currentframe()
+    while frame is not None:
+        code = frame.f_code
+        if code.co_name == "forward" and code.co_filename.replace("\\", "/").endswith("torch/utils/checkpoint.py"):
+            return True
+        frame = frame.f_back
+    return False
+
+
 def describe(inputs: Any) -> str:
     """A short description of model inputs for error messages: shapes and dtypes."""
 
@@ -157,7 +186,7 @@ def warn(message: str) -> None:
     while frame is not None and frame.f_code.co_filename.startswith(_HERE):
         frame = frame.f_back
         level += 1
-    warnings.warn(message, UserWarning, stacklevel=max(level - 1, 1))
+    warnings.warn(message, UserWarning, stacklevel=level)
 
 
 # -- sites: which tensor of a module's output or arguments ------------------------------------------------------
@@ -297,6 +326,7 @@ class HookedRun:
         self.with_grad = with_grad
         self.threads = threads
         self.started = False
+        self.checkpointed = False  # a site ran inside a reentrant checkpoint, whose graph autograd.grad cannot enter
         self._stack = ExitStack()
 
     def __enter__(self) -> HookedRun:
@@ -324,6 +354,8 @@ class HookedRun:
                 return t.detach().requires_grad_(True)
             return t
 
+        if not self.checkpointed:
+            self.checkpointed = _inside_reentrant_checkpoint()
         torch.set_grad_enabled(True)
         new = (
             tuple(one(t) for t in x)
@@ -355,7 +387,7 @@ class HookedRun:
     ) -> list[torch.Tensor | None]:
         """``d scores.sum() / d tensors`` by ``torch.autograd.grad`` (nothing accumulates into ``.grad``)."""
         if not scores.requires_grad:
-            raise no_dependence(what, names[0], scores)
+            raise no_dependence(what, names[0], scores, checkpointed=self.checkpointed)
         try:
             return list(torch.autograd.grad(scores.sum(), list(tensors), allow_unused=True))
         except RuntimeError as exc:

@@ -129,6 +129,8 @@ class _CAM:
                         f"`layer` {name!r} returned {type(output).__name__}{keys}; CAMs need a floating-point tensor "
                         "output (or a tuple whose first element is one): name a submodule that returns one"
                     )
+                if tensor._base is not None or any(tensor is a for a in args):
+                    tensor = tensor.clone()  # a view of (or the same tensor as) an input the caller may change in place
                 tensor = run.leaf(tensor)
                 captured[name].append(tensor)
                 replacement = tensor.clone()  # what runs on is a copy: later in-place ops must not touch the capture
@@ -149,7 +151,7 @@ class _CAM:
             result = {}
             for name, grad in zip(self.layers, grads, strict=True):
                 if grad is None:
-                    raise no_dependence("`layer`", name, scores)
+                    raise no_dependence("`layer`", name, scores, checkpointed=run.checkpointed)
                 result[name] = [chosen[name].detach(), grad]
             return result, output
 

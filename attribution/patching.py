@@ -27,7 +27,7 @@ from hooks import HookManager, resolve
 from hooks import ModuleTarget as Target
 
 from ._inputs import batch_size, batched
-from ._run import Element, HookedRun, Threads, did_not_run, eager_module, hook_site
+from ._run import Element, HookedRun, Threads, did_not_run, eager_if_compiled, eager_module, hook_site
 
 Site = Literal["output", "input"]
 Index = tuple[Any, ...]
@@ -132,8 +132,7 @@ def record(
         del calls[call:]
         calls.append(copy)
 
-    model = eager_module(model)
-    with HookManager(model) as mgr:
+    with eager_if_compiled(model), HookManager(eager_module(model)) as mgr:
         hook_site(mgr.group("record", threads=threads), layers, site, element, keep)
         yield acts
 
@@ -203,7 +202,7 @@ def patch(
         spec = specs[name]
         return replace(current, spec.value, spec.index, pattern=spec.pattern, sizes=spec.sizes)
 
-    with HookManager(model) as mgr:
+    with eager_if_compiled(model), HookManager(model) as mgr:
         group = mgr.group("patch", threads=threads)
         for element in dict.fromkeys(spec.element for spec in specs.values()):
             names = [name for name, spec in specs.items() if spec.element == element]

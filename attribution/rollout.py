@@ -282,7 +282,7 @@ class _Rollout:
                 torch.zeros_like(m) if g is None else g.reshape(m.shape) for m, g in zip(maps, grads, strict=True)
             ]
             if all(g is None for g in grads):
-                raise no_dependence("the attention maps of", names[0], scores)
+                raise no_dependence("the attention maps of", names[0], scores, checkpointed=run.checkpointed)
             return maps, gradients, output
 
     def _relevance(self, cls_row: torch.Tensor, inputs: Any, upsample: bool) -> torch.Tensor:
