@@ -52,6 +52,14 @@ nitpick_ignore = [
     ("py:class", "hooks._resolve.ModelIndex"),
     # `Target`, the private type alias of `target` arguments (hooks and attribution); the guides describe it
     ("py:class", "Target"),
+    # short names of type aliases in signatures: hooks.ModuleTarget (module names, globs, objects), hooks' Kind and
+    # Reduction, and attribution's Site ("output" | "input"), Element (int | str | None) and Threads
+    ("py:class", "ModuleTarget"),
+    ("py:class", "Kind"),
+    ("py:class", "Reduction"),
+    ("py:class", "Site"),
+    ("py:class", "Element"),
+    ("py:class", "Threads"),
     # the private record (module name, kind, switch) that find_attention returns for each attention site
     ("py:class", "attribution.rollout._Site"),
 ]
