@@ -121,7 +121,8 @@ class HookManager:
         >>> from hooks.tacklebox import HookManager
         >>> net = torch.nn.Sequential(torch.nn.Linear(2, 2))
         >>> hookmngr = HookManager()
-        >>> _ = hookmngr.register_forward_hook(lambda m, i, o: print(m.name, o[0].shape), hook_fn_name="show", lin=net[0])
+        >>> show = lambda module, inputs, outputs: print(module.name, outputs[0].shape)
+        >>> _ = hookmngr.register_forward_hook(show, hook_fn_name="show", lin=net[0])
         >>> with hookmngr.hook_all_context() + torch.no_grad():
         ...     _ = net(torch.randn(3, 2))
         lin torch.Size([3, 2])
