@@ -43,9 +43,8 @@ nitpick_ignore_regex = [
     (r"py:.*", r"(collections\.abc|contextlib|pathlib|typing|types|threading|weakref)\..*"),  # the standard library
 ]
 nitpick_ignore = [
-    # type aliases and private helpers named in signatures (Literal aliases have no page of their own)
+    # type aliases and private helpers named in signatures (aliases have no page of their own)
     ("py:class", "LayerTarget"),
-    ("py:class", "Site"),
     ("py:class", "Fusion"),
     ("py:class", "_Site"),
     ("py:class", "ModelIndex"),

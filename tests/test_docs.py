@@ -1,12 +1,14 @@
 """Every Python block of README.md and of docs/**/*.rst runs on its own, from the packages alone.
 
-Each block runs in a fresh interpreter whose working directory is empty and whose import path holds only the
-``hooks`` and ``attribution`` packages of this checkout (as an installed distribution would): a block cannot lean on
-``tests/``, on the examples, or on an earlier block of its page.
+The blocks of one page run in one fresh interpreter, each in a namespace of its own, in a working directory that is
+empty and with an import path that holds only the ``hooks`` and ``attribution`` packages of this checkout (as an
+installed distribution would): a block cannot lean on ``tests/``, on the examples, or on the names of an earlier
+block of its page.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
@@ -86,14 +88,36 @@ def packages(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return folder
 
 
-@pytest.mark.parametrize(("where", "code"), BLOCKS, ids=[name for name, _ in BLOCKS])
-def test_block_runs_on_its_own(where: str, code: str, packages: Path, tmp_path: Path):
-    for module in NEEDS:
-        if re.search(rf"^\s*(import|from) {module}\b", code, re.MULTILINE):
-            pytest.importorskip(module)
-    assert not re.search(r"^\s*(from|import) tests\b", code, re.MULTILINE), f"{where} imports from tests/"
+RUNNER = """
+import json, sys, traceback
+blocks = json.load(open(sys.argv[1]))
+for where, code in blocks:
+    try:
+        exec(compile(code, where, "exec"), {"__name__": "__main__"})  # a fresh namespace per block
+    except BaseException:
+        print(json.dumps({"where": where, "error": traceback.format_exc()[-3000:]}))
+        sys.exit(1)
+"""
+
+PAGES = sorted({where.split(":")[0] for where, _ in BLOCKS})
+
+
+@pytest.mark.parametrize("page", PAGES)
+def test_blocks_run_on_their_own(page: str, packages: Path, tmp_path: Path):
+    """The page's blocks, in order, in one fresh interpreter, each in a namespace of its own."""
+    blocks = [(where, code) for where, code in BLOCKS if where.split(":")[0] == page]
+    for where, code in blocks:
+        assert not re.search(r"^\s*(from|import) tests\b", code, re.MULTILINE), f"{where} imports from tests/"
+        for module in NEEDS:
+            if re.search(rf"^\s*(import|from) {module}\b", code, re.MULTILINE):
+                pytest.importorskip(module)
+    listing = tmp_path / "blocks.json"
+    listing.write_text(json.dumps(blocks))
     env = {**os.environ, "PYTHONPATH": str(packages), "MPLBACKEND": "Agg", "OMP_NUM_THREADS": "2"}
     result = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path, env=env, timeout=300
+        [sys.executable, "-c", RUNNER, str(listing)], capture_output=True, text=True, cwd=tmp_path, env=env, timeout=900
     )
-    assert result.returncode == 0, f"{where} failed:\n{code}\n--- stderr ---\n{result.stderr[-3000:]}"
+    if result.returncode != 0:
+        failure = json.loads(result.stdout.splitlines()[-1]) if result.stdout.strip() else {"where": page, "error": ""}
+        code = dict(blocks).get(failure["where"], "")
+        pytest.fail(f"{failure['where']} failed:\n{code}\n--- error ---\n{failure['error']}{result.stderr[-2000:]}")
