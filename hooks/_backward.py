@@ -170,12 +170,17 @@ class BackwardCall:
         return (_tree.unflatten(leaves, spec) if replaced else output), bool(overwritten)
 
     def lost_outputs(self) -> bool:
-        """Whether an output that is a view of an input was modified in place (which drops its tensor hooks).
+        """Whether an output that is a view of an input was written in place through a view (dropping its hooks).
 
-        Asked when the forward of the model ends; the references to the outputs are dropped then.
+        A write through a view leaves the base with a ``CopySlices`` node; a write into the base itself after the
+        view's last use does not drop the view's hooks. Asked when the forward of the model ends; the references to
+        the outputs are dropped then.
         """
         fragile, self.fragile = self.fragile, []
-        return any(t._version != version for t, version in fragile)
+        return any(
+            t._version != version and type(getattr(t._base, "grad_fn", None)).__name__ == "CopySlices"
+            for t, version in fragile
+        )
 
     # -- backward side -------------------------------------------------------------------------------------------
     def collect(self, side: str, where: tuple[int, ...], grad: torch.Tensor) -> None:
