@@ -11,14 +11,26 @@ import inspect
 import threading
 import weakref
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from torch import nn
 
 from ._errors import HookError
 
-if TYPE_CHECKING:
-    from .manager import HookGroup
+
+class Group(Protocol):
+    """What a handle needs of its group (:class:`hooks.HookGroup`)."""
+
+    warned: bool
+
+    @property
+    def name(self) -> str: ...
+    @property
+    def priority(self) -> int: ...
+    @property
+    def threads(self) -> str | None: ...
+    def _discard(self, handle: HookHandle) -> None: ...
+
 
 KINDS: tuple[str, ...] = ("forward", "forward_pre", "backward")
 EXTRAS: dict[str, tuple[str, ...]] = {  # keyword-only parameters a hook may ask for, by kind
@@ -110,7 +122,7 @@ class HookHandle:
 
     def __init__(
         self,
-        group: HookGroup,
+        group: Group,
         kind: str,
         module: nn.Module,
         module_name: str,
@@ -173,7 +185,7 @@ class HookHandle:
     def remove(self) -> None:
         """Unregister the hook; idempotent. The module keeps every hook it had that is not ours."""
         if not self.removed:
-            self.group.manager._remove([self])
+            self.group._discard(self)
 
     def describe(self) -> str:
         """``"forward hook 'fn' of group 'g' on 'layer1'"``, for messages."""

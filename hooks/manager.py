@@ -162,6 +162,9 @@ class HookGroup:
             self.removed = True
             self.manager._groups.pop(self.name, None)
 
+    def _discard(self, handle: HookHandle) -> None:
+        self.manager._remove([handle])
+
     def _check_live(self) -> None:
         if self.removed:
             raise HookError(f"hook group {self.name!r} was removed; create it again with manager.group({self.name!r})")
@@ -318,8 +321,10 @@ class HookManager:
                     continue
                 h.deactivate()
                 h.removed = True
-                h.group._handles.pop(h, None)
-                h.group._keys.discard((id(h.module), h.kind, _fn_key(h.fn)))
+                group = h.group
+                assert isinstance(group, HookGroup)
+                group._handles.pop(h, None)
+                group._keys.discard((id(h.module), h.kind, _fn_key(h.fn)))
                 slot = self._slots.get(id(h.module))
                 if slot is not None and slot.discard(h):
                     del self._slots[id(h.module)]
