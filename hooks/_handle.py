@@ -7,6 +7,7 @@ what it returns) and ``asks`` (the keyword-only extras the function takes).
 
 from __future__ import annotations
 
+import functools
 import inspect
 import threading
 import weakref
@@ -143,7 +144,9 @@ class HookHandle:
         self._global = group.threads == "all"
         self._on = False  # active everywhere (threads="all" groups only)
         self._threads: set[threading.Thread] = set()  # the threads it is active in (other groups)
-        self.invoke = _invoker(kind, fn, with_kwargs, asks, self.describe)
+        self.invoke = _invoker(
+            kind, fn, with_kwargs, asks, functools.partial(_describe, kind, fn, group.name, module_name)
+        )
 
     # -- activation --------------------------------------------------------------------------------------------
     def fires(self, thread: threading.Thread) -> bool:
@@ -189,8 +192,7 @@ class HookHandle:
 
     def describe(self) -> str:
         """``"forward hook 'fn' of group 'g' on 'layer1'"``, for messages."""
-        label = {"forward": "forward hook", "forward_pre": "forward pre-hook", "backward": "backward hook"}[self.kind]
-        return f"{label} {function_name(self.fn)!r} of group {self.group.name!r} on {self.module_name or '<model>'!r}"
+        return _describe(self.kind, self.fn, self.group.name, self.module_name)
 
     def __repr__(self) -> str:
         state = "removed" if self.removed else ("active" if self.is_active() else "inactive")
@@ -204,6 +206,11 @@ class HookHandle:
 
     def __exit__(self, *exc: object) -> None:
         self.remove()
+
+
+def _describe(kind: str, fn: Callable[..., Any], group: str, module_name: str) -> str:
+    label = {"forward": "forward hook", "forward_pre": "forward pre-hook", "backward": "backward hook"}[kind]
+    return f"{label} {function_name(fn)!r} of group {group!r} on {module_name or '<model>'!r}"
 
 
 def _invoker(

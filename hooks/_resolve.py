@@ -86,6 +86,8 @@ def resolve(
     index = index if index is not None and index.model is model else ModelIndex(model)
     if isinstance(target, str) and model is not None and not _GLOB_CHARS & set(target):
         return [(target, index.module(target, what))]  # the common case: one name, found by walking its path
+    if isinstance(target, (list, tuple)) and len(target) > 1:
+        index = index.snapshot()  # one table for the whole list: names of objects and model order
     found: dict[int, tuple[str, nn.Module]] = {}
     explicit: dict[int, str] = {}  # modules asked for by an exact name, for the shared-module check
     for name, module, exact in _resolve_one(model, index, target, what):
@@ -113,12 +115,19 @@ class ModelIndex:
     built once and checked at every use, rebuilt when the model's structure has changed.
     """
 
-    def __init__(self, model: nn.Module | None) -> None:
+    def __init__(self, model: nn.Module | None, named: dict[str, nn.Module] | None = None) -> None:
         self.model = model
+        self._named = named  # a table taken for one resolution (see snapshot), else None: walked at each use
         self._by_id: dict[int, str] | None = None
+
+    def snapshot(self) -> ModelIndex:
+        """An index whose tables are taken now and trusted for the rest of one resolution."""
+        return ModelIndex(self.model, self.named())
 
     def named(self) -> dict[str, nn.Module]:
         """Every path to every module (a module under two parents has two), in ``named_modules()`` order."""
+        if self._named is not None:
+            return self._named
         return dict(self.model.named_modules(remove_duplicate=False)) if self.model is not None else {}
 
     def module(self, name: str, what: str) -> nn.Module:
@@ -133,8 +142,10 @@ class ModelIndex:
         """The first name of ``module`` in the model, or ``None`` when it is not part of it."""
         if self._by_id is not None:
             name = self._by_id.get(id(module))
-            if name is not None and self._get(name) is module:
+            if name is not None and (self._named is not None or self._get(name) is module):
                 return name
+            if self._named is not None:
+                return None
         self._by_id = {}
         for n, m in self.named().items():
             self._by_id.setdefault(id(m), n)
