@@ -49,6 +49,8 @@ nitpick_ignore = [
     ("py:class", "_Site"),
     ("py:class", "ModelIndex"),
     ("py:class", "hooks._resolve.ModelIndex"),
+    # the protocol a handle needs of its group (hooks.HookGroup satisfies it); private, so no page of its own
+    ("py:class", "hooks._handle.Group"),
     # `Target`, the private type alias of `target` arguments (hooks and attribution); the guides describe it
     ("py:class", "Target"),
     # short names of type aliases in signatures: hooks.ModuleTarget (module names, globs, objects), hooks' Kind and
