@@ -12,9 +12,7 @@ the site, as in `Marks et al. 2024 <https://arxiv.org/abs/2403.19647>`_ and EAP-
 
 from __future__ import annotations
 
-import warnings
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Sequence
 from typing import Any, Literal
 
 import einops
@@ -22,11 +20,20 @@ import torch
 from torch import nn
 from tqdm.auto import tqdm
 
-from hooks import HookManager
 from hooks import ModuleTarget as Target
 
-from ._guard import evaluating
-from ._inputs import batch_size, call
+from ._inputs import batch_size
+from ._run import (
+    Element,
+    HookedRun,
+    SiteTypeError,
+    did_not_run,
+    eager_module,
+    hook_site,
+    no_dependence,
+    reentrant_checkpoint,
+    warn,
+)
 from .patching import (
     DEFAULT_HEAD_PATTERN,
     Site,
@@ -34,10 +41,8 @@ from .patching import (
     _check_same_shapes,
     _check_site,
     _checked_metric,
-    _hook_site,
     _ordered,
-    _put,
-    _select,
+    _plain,
     _view_axes,
     record,
 )
@@ -53,7 +58,7 @@ def attribution_patching(
     metric: Callable[[Any], torch.Tensor],
     *,
     site: Literal["output", "input"] = "output",
-    element: int | None = None,
+    element: Element = None,
     positions: bool | Sequence[int] = True,
     heads: int | None = None,
     head_pattern: str = DEFAULT_HEAD_PATTERN,
@@ -86,15 +91,17 @@ def attribution_patching(
     the exact patching result as ``k`` grows.
 
     Args:
-        model: any module; called as ``model(x)``, ``model(*x)`` for a tuple or ``model(**x)`` for a dict
-            (HuggingFace models take ``dict(tokenizer(...))``).
+        model: any module (a ``torch.compile`` d model: the module it wraps); called as ``model(x)``, ``model(*x)``
+            for a tuple or ``model(**x)`` for a mapping (a HuggingFace tokenizer's ``BatchEncoding`` as it is).
         clean: the clean input.
         corrupted: the corrupted input, same structure and shapes.
         layers: modules whose site is patched (names, globs, modules), in the order of the result's first axis.
         metric: ``metric(model_output)``: a scalar tensor, or with ``per_example=True`` a ``(batch,)`` tensor; it
             must be differentiable in the activations.
-        site: ``"output"`` of the modules, or their first positional ``"input"``.
-        element: for modules returning tuples, which element is the site.
+        site: ``"output"`` of the modules, or their ``"input"``: the first argument as called (positional, else the
+            first keyword argument).
+        element: for tuple, mapping or ``ModelOutput`` sites, the tensor that is the site (an index or a name); for
+            ``site="input"``, the argument (a position or a parameter name such as ``"hidden_states"``).
         positions: ``True``: one cell per position (axis 1 of the activation); a sequence: those positions;
             ``False``: all positions at once.
         heads: number of heads: one cell per head, the activation viewed through ``head_pattern``.
@@ -119,7 +126,7 @@ def attribution_patching(
         ValueError: bad ``site``, ``direction`` or ``ig_steps``; ``clean`` and ``corrupted`` of different structure or
             shapes (before any forward); ``metric`` not a scalar (or ``(batch,)`` with ``per_example``) or not
             differentiable in any site, a layer that never runs, ``heads`` that do not divide the activation.
-        TypeError: a site that is not a floating-point tensor (a tuple needs ``element``).
+        TypeError: a site that is not a floating-point tensor (a tuple needs ``element``); inputs of another form.
         IndexError: a position out of range.
 
     Warns:
@@ -142,20 +149,21 @@ def attribution_patching(
         raise ValueError(f"`direction` must be 'denoise' or 'noise'; got {direction!r}")
     if isinstance(ig_steps, bool) or not isinstance(ig_steps, int) or ig_steps < 1:
         raise ValueError(f"`ig_steps` must be an int of at least 1 (1: plain attribution patching); got {ig_steps!r}")
+    model = eager_module(model)
+    clean, corrupted = _plain(clean, model), _plain(corrupted, model)
     _check_same_shapes(clean, corrupted)
     names = [name for name, _ in _ordered(model, layers)]
     batch = batch_size(clean)
     source_input, target_input = (clean, corrupted) if direction == "denoise" else (corrupted, clean)
 
-    with evaluating(model), _frozen(model):
-        with torch.no_grad(), record(model, names, site=site, element=element) as recorded:
-            source_metric = _checked_metric(metric, call(model, source_input), per_example, batch)
-        silent = [name for name in names if name not in recorded]
-        if silent:
-            raise ValueError(
-                f"`layers` {silent[0]!r} did not run as a module during the forward (a parent may use its weights "
-                "directly, as nn.MultiheadAttention does with out_proj); see hooks.trace(model, inputs)"
-            )
+    with HookedRun(model, "attribution-patching") as run:
+        for p in model.parameters():  # no graph before the first site, no parameter gradients; restored on exit
+            p.requires_grad_(False)
+        with record(model, names, site=site, element=element) as recorded:
+            source_metric = _checked_metric(metric, run.forward(source_input), per_example, batch)
+        for name in names:
+            if name not in recorded:
+                raise did_not_run("`layers`", name)
         source: Calls = {name: list(recorded.calls[name]) for name in names}
         axes = _view_axes(head_pattern if heads else None, positions is not False)
         _, shape = _cells(names, recorded, positions, heads, head_pattern, axes)  # checks positions and heads
@@ -179,11 +187,10 @@ def attribution_patching(
     values = []
     for name in names:
         if all(g is None for g in grads[name]):
-            warnings.warn(
+            warn(
                 f"`layers` {name!r} got no gradient: `metric` does not depend on its {site} through differentiable "
                 "operations, so its estimates are the unpatched metric. Check the layer and the metric (argmax, "
-                ".item() or detach() cut the gradient)",
-                stacklevel=2,
+                ".item() or detach() cut the gradient)"
             )
         product = sum(
             (_wide(s) - _wide(t)) * (_wide(g) / ig_steps)
@@ -206,7 +213,7 @@ def gradient_run(
     names: list[str],
     metric: Callable[[Any], torch.Tensor],
     site: Site,
-    element: int | None,
+    element: Element,
     per_example: bool,
     replace: Calls | None = None,
 ) -> tuple[Calls, dict[str, list[torch.Tensor | None]], torch.Tensor]:
@@ -215,45 +222,47 @@ def gradient_run(
     Without ``replace``, every site is tapped where it is: the run goes on with an equal tensor through which the
     gradient also flows upstream, so an earlier site's gradient includes the paths through later sites. With
     ``replace`` (``name -> one tensor per call``), those activations are replaced and differentiated as leaves.
-    Autograd is on for the call; nothing before the first site needs a graph as long as the parameters do not
-    require grad (see :func:`_frozen`).
+    The forward runs without autograd up to the first site (:meth:`HookedRun.leaf`); nothing after it keeps a graph
+    for the parameters as long as they do not require grad (:func:`attribution_patching` switches that off).
     """
     batch = batch_size(inputs)
     taps: Calls = {name: [] for name in names}
 
-    def tap(value: Any, name: str, call_index: int) -> Any:
-        current = _select(value, element, f"the {site} of {name!r}")
-        if not current.is_floating_point():
-            raise TypeError(
-                f"the {site} of {name!r} is a {current.dtype} tensor: attribution patching differentiates the "
-                "metric with respect to the activation, which must be floating point"
-            )
-        calls = taps[name]
-        del calls[call_index:]
-        if replace is None:
-            # our own copy: an in-place change of the module's tensor later in the forward cannot reach it
-            leaf = current.detach().clone().requires_grad_(True)
-            new = _Tap.apply(current, leaf)  # a copy of `current`; its gradient reaches both
-        else:
-            given = replace[name]
-            if call_index >= len(given):
-                raise RuntimeError(f"{name!r} ran more often than in the reference run ({len(given)} call(s))")
-            leaf = given[call_index].detach().to(current.dtype).clone().requires_grad_(True)
-            new = leaf.clone()  # later in-place operations change this copy, never the leaf
-        calls.append(leaf)
-        return _put(value, element, new)
+    with HookedRun(model, "attribution-patching-gradients", with_grad=True) as run:
 
-    with torch.enable_grad(), HookManager(model) as mgr:
-        _hook_site(mgr.group("attribution-patching"), names, site, element, tap)
-        value = _checked_metric(metric, call(model, inputs), per_example, batch)
-    leaves = [(name, i) for name in names for i in range(len(taps[name]))]
-    if not value.requires_grad:
-        raise ValueError(
-            f"`metric` returned a tensor without a gradient: it does not depend on any of `layers` ({names[0]!r}"
-            f"{', ...' if len(names) > 1 else ''}) through differentiable operations (argmax, .item() or detach() "
-            "cut the gradient)"
-        )
-    found = torch.autograd.grad(value.sum(), [taps[n][i] for n, i in leaves], allow_unused=True)
+        def tap(current: torch.Tensor, name: str, call_index: int) -> torch.Tensor:
+            if not current.is_floating_point():
+                raise SiteTypeError(
+                    f"the {site} of {name!r} is a {current.dtype} tensor: attribution patching differentiates the "
+                    "metric with respect to the activation, which must be floating point"
+                )
+            calls = taps[name]
+            del calls[call_index:]
+            if replace is None:
+                # our own copy: an in-place change of the module's tensor later in the forward cannot reach it
+                leaf = run.leaf(current.detach().clone())
+                new = _Tap.apply(current, leaf)  # a copy of `current`; its gradient reaches both
+            else:
+                given = replace[name]
+                if call_index >= len(given):
+                    raise RuntimeError(f"{name!r} ran more often than in the reference run ({len(given)} call(s))")
+                leaf = run.leaf(given[call_index].detach().to(current.dtype).clone())
+                new = leaf.clone()  # later in-place operations change this copy, never the leaf
+            calls.append(leaf)
+            return new
+
+        hook_site(run.group, names, site, element, tap)
+        value = _checked_metric(metric, run.forward(inputs), per_example, batch)
+        leaves = [(name, i) for name in names for i in range(len(taps[name]))]
+        if not value.requires_grad:
+            if run.checkpointed or reentrant_checkpoint(value):
+                raise no_dependence("`layers`", names[0], value, checkpointed=True)
+            raise ValueError(
+                f"`metric` returned a tensor without a gradient: it does not depend on any of `layers` ({names[0]!r}"
+                f"{', ...' if len(names) > 1 else ''}) through differentiable operations (argmax, .item() or detach() "
+                "cut the gradient)"
+            )
+        found = run.gradients(value, [taps[n][i] for n, i in leaves], "`layers`", names)
     grads: dict[str, list[torch.Tensor | None]] = {name: [] for name in names}
     for (name, _), grad in zip(leaves, found, strict=True):
         grads[name].append(grad)
@@ -317,16 +326,3 @@ def _add(a: torch.Tensor | None, b: torch.Tensor | None) -> torch.Tensor | None:
     if a is None or b is None:
         return b if a is None else a
     return a + b
-
-
-@contextmanager
-def _frozen(model: nn.Module) -> Iterator[None]:
-    """Parameters do not require grad inside the block (so no graph before the first site); restored after."""
-    params = [p for p in model.parameters() if p.requires_grad]
-    try:
-        for p in params:
-            p.requires_grad_(False)
-        yield
-    finally:
-        for p in params:
-            p.requires_grad_(True)

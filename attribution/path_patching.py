@@ -14,11 +14,10 @@ import torch
 from torch import nn
 from tqdm.auto import tqdm
 
-from hooks import HookManager
 from hooks import ModuleTarget as Target
 
-from ._guard import evaluating
-from ._inputs import batch_size, call
+from ._inputs import batch_size
+from ._run import Element, HookedRun, did_not_run, eager_module, hook_site
 from .patching import (
     DEFAULT_HEAD_PATTERN,
     Recorded,
@@ -28,10 +27,8 @@ from .patching import (
     _check_same_shapes,
     _check_site,
     _checked_metric,
-    _hook_site,
     _ordered,
-    _put,
-    _select,
+    _plain,
     _view_axes,
     record,
     replace,
@@ -48,12 +45,12 @@ def path_patching(
     *,
     freeze: Target | None = None,
     site: Literal["output", "input"] = "output",
-    element: int | None = None,
+    element: Element = None,
     positions: bool | Sequence[int] = True,
     heads: int | None = None,
     head_pattern: str = DEFAULT_HEAD_PATTERN,
     receiver_site: Literal["output", "input"] = "input",
-    receiver_element: int | None = None,
+    receiver_element: Element = None,
     receiver_positions: Sequence[int] | None = None,
     cells: Sequence[Sequence[int]] | None = None,
     per_example: bool = False,
@@ -79,7 +76,8 @@ def path_patching(
     forwards per cell.
 
     Args:
-        model: any module; called as ``model(x)``, ``model(*x)`` for a tuple or ``model(**x)`` for a dict.
+        model: any module (a ``torch.compile`` d model: the module it wraps); called as ``model(x)``, ``model(*x)``
+            for a tuple or ``model(**x)`` for a mapping (a HuggingFace tokenizer's ``BatchEncoding`` as it is).
         base: the input whose run is patched.
         source: the input the sender activations come from, same structure and shapes.
         senders: modules whose ``site`` is patched (names, globs, modules), in the order of the result's first axis.
@@ -89,13 +87,14 @@ def path_patching(
             default) freezes the senders themselves: with ``senders="layers.*.attn.o", heads=n`` every other head
             (Wang et al.'s choice). ``()`` freezes nothing (then, with all positions as receivers, this is
             activation patching).
-        site: ``"output"`` or first positional ``"input"`` of the senders and frozen modules.
-        element: for sender modules returning (or, for inputs, taking) tuples, which element is the site.
+        site: ``"output"`` or ``"input"`` (the first argument as called) of the senders and frozen modules.
+        element: for tuple, mapping or ``ModelOutput`` sites, the tensor that is the site (an index or a name); for
+            ``site="input"``, the argument (a position or a parameter name).
         positions: ``True``: one cell per sender position; a sequence: those positions; ``False``: all at once.
         heads: number of sender heads: one cell per head, the activation viewed through ``head_pattern``.
         head_pattern: einops pattern splitting the last axis into heads, with ``h`` the head axis.
         receiver_site: ``"input"`` (default) or ``"output"`` of the receivers.
-        receiver_element: which element of a receiver's tuple input or output.
+        receiver_element: ``element`` for the receivers' site.
         receiver_positions: positions (axis 1) of the receivers' activations to patch; ``None``: all.
         cells: run only these cells, given as indices into the result (``(sender, head)`` for a ``(senders, heads)``
             result, ``(sender, position_index, head)`` for ``(senders, positions, heads)``...); the other cells are
@@ -130,6 +129,8 @@ def path_patching(
     """
     _check_site(site)
     _check_site(receiver_site)
+    model = eager_module(model)
+    base, source = _plain(base, model), _plain(source, model)
     _check_same_shapes(base, source)
     sender_names = [name for name, _ in _ordered(model, senders)]
     receiver_names = [name for name, _ in _ordered(model, receivers)]
@@ -144,24 +145,22 @@ def path_patching(
     batch = batch_size(base)
     patched_names = list(dict.fromkeys(sender_names + frozen))
 
-    with evaluating(model), torch.no_grad():
+    with HookedRun(model, "path-patching") as run:
         with (
             record(model, patched_names, site=site, element=element) as base_acts,
             record(model, receiver_names, site=receiver_site, element=receiver_element) as base_received,
         ):
-            base_metric = _checked_metric(metric, call(model, base), per_example, batch)
+            base_metric = _checked_metric(metric, run.forward(base), per_example, batch)
         with record(model, sender_names, site=site, element=element) as source_acts:
-            source_metric = _checked_metric(metric, call(model, source), per_example, batch)
+            source_metric = _checked_metric(metric, run.forward(source), per_example, batch)
         for kind, names, seen in (
-            ("senders", sender_names, base_acts),
-            ("freeze", frozen, base_acts),
-            ("receivers", receiver_names, base_received),
+            ("`senders`", sender_names, base_acts),
+            ("`freeze`", frozen, base_acts),
+            ("`receivers`", receiver_names, base_received),
         ):
-            silent = [name for name in names if name not in seen]
-            if silent:
-                raise ValueError(
-                    f"`{kind}` {silent[0]!r} did not run as a module during the forward; see hooks.trace(model, inputs)"
-                )
+            for name in names:
+                if name not in seen:
+                    raise did_not_run(kind, name)
         axes = _view_axes(head_pattern if heads else None, positions is not False)
         every, shape = _cells(sender_names, source_acts, positions, heads, head_pattern, axes)
         chosen = range(len(every)) if cells is None else _chosen(cells, shape)
@@ -173,10 +172,9 @@ def path_patching(
         state: dict[str, Any] = {"stage": None, "cell": None}
         received: dict[str, list[torch.Tensor]] = {}
 
-        def sender_site(value: Any, name: str, call_index: int) -> Any:
+        def sender_site(current: torch.Tensor, name: str, call_index: int) -> torch.Tensor | None:
             if state["stage"] != "sender":
                 return None
-            current = _select(value, element, f"the {site} of {name!r}")
             new = current
             if name in frozen:
                 new = _call(base_acts, name, call_index).to(current.dtype).clone()
@@ -189,10 +187,9 @@ def path_patching(
                     pattern=pattern,
                     sizes=sizes,
                 )
-            return None if new is current else _put(value, element, new)
+            return None if new is current else new
 
-        def receiver(value: Any, name: str, call_index: int) -> Any:
-            current = _select(value, receiver_element, f"the {receiver_site} of {name!r}")
+        def receiver(current: torch.Tensor, name: str, call_index: int) -> torch.Tensor | None:
             if state["stage"] == "sender":
                 calls = received.setdefault(name, [])
                 del calls[call_index:]
@@ -201,20 +198,19 @@ def path_patching(
                 calls = received[name]
                 if call_index >= len(calls):
                     raise RuntimeError(f"{name!r} ran more often than in the sender run ({len(calls)} call(s))")
-                return _put(value, receiver_element, replace(current, calls[call_index], receiver_index))
+                return replace(current, calls[call_index], receiver_index)
             return None
 
-        with HookManager(model) as mgr:
-            _hook_site(mgr.group("path-patching-senders"), patched_names, site, element, sender_site)
-            _hook_site(mgr.group("path-patching-receivers"), receiver_names, receiver_site, receiver_element, receiver)
-            for i in tqdm(chosen, desc="path patching", disable=not progress, leave=False):
-                cell = every[i]
-                received.clear()
-                state.update(stage="sender", cell=cell)
-                call(model, base)
-                state["stage"] = "receiver"
-                values[i] = _checked_metric(metric, call(model, base), per_example, batch).float().cpu()
-                state["stage"] = None
+        hook_site(run.group, patched_names, site, element, sender_site)
+        hook_site(run.group, receiver_names, receiver_site, receiver_element, receiver)
+        for i in tqdm(chosen, desc="path patching", disable=not progress, leave=False):
+            cell = every[i]
+            received.clear()
+            state.update(stage="sender", cell=cell)
+            run.forward(base)
+            state["stage"] = "receiver"
+            values[i] = _checked_metric(metric, run.forward(base), per_example, batch).float().cpu()
+            state["stage"] = None
 
     result = values.view(*shape, *((batch,) if per_example else ()))
     if normalize:  # 0 = the base run, 1 = the source run
