@@ -43,7 +43,7 @@ def by_hand(model, source, target, module, metric, *, input_site=False, element=
 
     handle = module.register_forward_pre_hook(keep) if input_site else module.register_forward_hook(keep)
     with torch.no_grad():
-        model(source)
+        run(model, source)
     handle.remove()
 
     def swap_input(module, args):
@@ -56,7 +56,7 @@ def by_hand(model, source, target, module, metric, *, input_site=False, element=
 
     handle = module.register_forward_pre_hook(swap_input) if input_site else module.register_forward_hook(swap_output)
     try:
-        value = metric(model(target))
+        value = metric(run(model, target))
         (grad,) = torch.autograd.grad(value, cache["leaf"])
     finally:
         handle.remove()
@@ -65,6 +65,11 @@ def by_hand(model, source, target, module, metric, *, input_site=False, element=
         b, t, d = product.shape
         return value.item() + product.view(b, t, heads, d // heads).sum((0, 3))
     return value.item() + product.sum((0, 2))
+
+
+def run(model, inputs):
+    """``model(**inputs)`` for keyword inputs, else ``model(inputs)``."""
+    return model(**inputs) if isinstance(inputs, dict) or hasattr(inputs, "keys") else model(inputs)
 
 
 def ranks(x: torch.Tensor) -> torch.Tensor:
@@ -366,28 +371,55 @@ def test_an_in_place_change_of_the_site_tensor_later_in_the_forward():
     torch.testing.assert_close(attribution_patching(model, clean, corrupted, "lin", metric, **kwargs), exact)
 
 
-def test_a_huggingface_model():
+def test_a_huggingface_model_with_a_batch_encoding_and_keyword_sites():
     transformers = pytest.importorskip("transformers")
     config = transformers.LlamaConfig(
         vocab_size=50, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
         num_key_value_heads=2, max_position_embeddings=16,
     )  # fmt: skip
     torch.manual_seed(0)
-    model = transformers.LlamaForCausalLM(config).eval()
-    clean = {"input_ids": torch.randint(0, 50, (2, 6)), "use_cache": False}
-    corrupted = {"input_ids": clean["input_ids"].clone(), "use_cache": False}
-    corrupted["input_ids"][:, 2] = (corrupted["input_ids"][:, 2] + 1) % 50
+    model = transformers.LlamaForCausalLM(config).double().eval()
+    ids = torch.randint(0, 50, (2, 6))
+    changed = ids.clone()
+    changed[:, 2] = (changed[:, 2] + 1) % 50
+    clean = transformers.BatchEncoding({"input_ids": ids, "attention_mask": torch.ones_like(ids)})  # as it comes
+    corrupted = transformers.BatchEncoding({"input_ids": changed, "attention_mask": torch.ones_like(ids)})
     metric = lambda out: (out.logits[:, -1, 3] - out.logits[:, -1, 4]).mean()  # noqa: E731
     before = hook_state(model)
     heads = attribution_patching(model, clean, corrupted, "model.layers.*.self_attn.o_proj", metric, site="input",
                                  heads=4)  # fmt: skip
     assert heads.shape == (2, 6, 4) and torch.isfinite(heads).all()
     assert torch.equal(heads[:, :2], torch.full_like(heads[:, :2], heads[0, 0, 0].item()))  # before the change: 0
+    as_dict = attribution_patching(model, dict(clean), dict(corrupted), "model.layers.*.self_attn.o_proj", metric,
+                                   site="input", heads=4)  # fmt: skip
+    assert torch.equal(heads, as_dict)
+    # self_attn is called with hidden_states= only: its input site is that keyword argument, the input norm's output
+    by_keyword = attribution_patching(model, clean, corrupted, "model.layers.*.self_attn", metric, site="input")
+    by_name = attribution_patching(model, clean, corrupted, "model.layers.*.self_attn", metric, site="input",
+                                   element="hidden_states")  # fmt: skip
+    norm_out = attribution_patching(model, clean, corrupted, "model.layers.*.input_layernorm", metric)
+    assert torch.equal(by_keyword, by_name)
+    torch.testing.assert_close(by_keyword, norm_out, rtol=0, atol=1e-6)
+    # the attention's output is a tuple (output, weights): element 0, compared with a by-hand AtP
+    attn = attribution_patching(model, clean, corrupted, "model.layers.1.self_attn", metric, element=0)
+    expected = by_hand(model, clean, corrupted, model.model.layers[1].self_attn, metric, element=0)
+    torch.testing.assert_close(attn[0], expected.float(), rtol=0, atol=1e-6)
     exact = activation_patching(model, clean, corrupted, "lm_head", metric, site="input", progress=False)
     torch.testing.assert_close(
-        attribution_patching(model, clean, corrupted, "lm_head", metric, site="input"), exact, rtol=0, atol=1e-5
+        attribution_patching(model, clean, corrupted, "lm_head", metric, site="input"), exact, rtol=0, atol=1e-6
     )
     assert hook_state(model) == before and all(p.requires_grad for p in model.parameters())
+
+
+def test_a_compiled_model_runs_eagerly_with_the_same_result():
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 4), nn.Tanh(), nn.Linear(4, 1)).eval()
+    clean, corrupted = torch.randn(2, 3, 4), torch.randn(2, 3, 4)
+    metric = lambda out: out[:, -1].mean()  # noqa: E731
+    expected = attribution_patching(model, clean, corrupted, ["0", "1"], metric)
+    compiled = torch.compile(model, backend="eager")
+    compiled(clean)  # compiled before our hooks exist
+    torch.testing.assert_close(attribution_patching(compiled, clean, corrupted, ["0", "1"], metric), expected)
 
 
 # -- errors and warnings ------------------------------------------------------------------------------------------

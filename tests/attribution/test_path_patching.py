@@ -122,11 +122,12 @@ def test_invariants(gpt64):
         m_clean = metric(model(clean)).float()
     kwargs = {"site": "input", "heads": 4, "progress": False}
     # nothing frozen and the whole final residual received: activation patching, to the last bit
-    full = path_patching(model, clean, corrupted, "layers.*.attn.o", "ln_out", metric, freeze=(), **kwargs)
-    exact = activation_patching(model, corrupted, clean, "layers.*.attn.o", metric, **kwargs)
-    assert torch.equal(full, exact)
+    some = {"positions": [1, -1]}  # the changed token and the last position
+    full = path_patching(model, clean, corrupted, "layers.*.attn.o", "ln_out", metric, freeze=(), **some, **kwargs)
+    exact = activation_patching(model, corrupted, clean, "layers.*.attn.o", metric, **some, **kwargs)
+    assert torch.equal(full, exact) and full.shape == (2, 2, 4)
     # the source is the base: nothing changes, exactly
-    same = path_patching(model, clean, clean, "layers.*.attn.o", "ln_out", metric, **kwargs)
+    same = path_patching(model, clean, clean, "layers.*.attn.o", "ln_out", metric, **some, **kwargs)
     assert torch.equal(same, torch.full_like(same, m_clean.item()))
     # a receiver upstream of the sender receives nothing from it
     upstream = path_patching(model, clean, corrupted, "layers.1.mlp", "layers.0", metric, progress=False)
@@ -180,3 +181,26 @@ def test_model_left_as_found_and_errors(gpt64):
         assert hook_state(model) == before
     finally:
         model.eval()
+
+
+def test_a_huggingface_model_with_a_batch_encoding():
+    """Nothing frozen and the whole final residual stream received: activation patching (noising), to the last bit;
+    the heads of the last layer reach the last position's residual stream only directly."""
+    transformers = pytest.importorskip("transformers")
+    config = transformers.LlamaConfig(
+        vocab_size=50, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, max_position_embeddings=16,
+    )  # fmt: skip
+    torch.manual_seed(0)
+    model = transformers.LlamaForCausalLM(config).double().eval()
+    ids = torch.randint(0, 50, (2, 6))
+    changed = ids.clone()
+    changed[:, 2] = (changed[:, 2] + 1) % 50
+    clean, corrupted = (transformers.BatchEncoding({"input_ids": x, "use_cache": False}) for x in (ids, changed))
+    metric = lambda out: (out.logits[:, -1, 3] - out.logits[:, -1, 4]).mean()  # noqa: E731
+    heads = "model.layers.*.self_attn.o_proj"
+    kwargs = {"site": "input", "heads": 4, "positions": False, "progress": False}
+    unfrozen = path_patching(model, clean, corrupted, heads, "model.norm", metric, freeze=(), **kwargs)
+    assert torch.equal(unfrozen, activation_patching(model, corrupted, clean, heads, metric, **kwargs))
+    direct = path_patching(model, clean, corrupted, heads, "model.norm", metric, receiver_positions=[-1], **kwargs)
+    assert torch.equal(direct[1], unfrozen[1]) and not torch.allclose(direct[0], unfrozen[0])
