@@ -8,7 +8,7 @@ patching results are normalised (0 = the corrupted run, 1 = the clean run: clean
 1. The behaviour: IO beats S on each of the 20 prompts (ABBA and BABA); a few facts, for a sense of the model.
 2. Attribution patching (one forward, one forward + backward) of the residual stream (layers x positions) and of
    every head at every position (30 x 14 x 9 = 3780 cells); exact patching of the residual stream at S2 and at the
-   end, and of the strongest head cells against a sample of the others.
+   end, and of the strongest head cells beside a sample of the others.
 3. Path patching: the three strongest heads into the final position's residual stream, every other head frozen,
    beside their total effect.
 
@@ -117,9 +117,13 @@ def main(out: Path, threads: int = 1) -> None:
 
     flat = heads_atp.flatten()
     top = flat.abs().argsort(descending=True)[:6]
+    # before S2 the two prompts are the same, so every cell there is 0 both ways: sample the others from S2 on
+    after_s2 = torch.zeros_like(heads_atp, dtype=torch.bool)
+    after_s2[:, s2:] = True
     generator = torch.Generator().manual_seed(0)
-    others = torch.randperm(len(flat), generator=generator)
-    others = others[~torch.isin(others, top)][:6]
+    others = after_s2.flatten().nonzero().flatten()
+    others = others[torch.randperm(len(others), generator=generator)]
+    others = others[~torch.isin(others, top)][:12]
     chosen = torch.cat([top, others])
     with torch.no_grad(), record(model, heads_site, site="input") as clean_heads:
         high = metric(model(**clean))
@@ -167,7 +171,7 @@ def main(out: Path, threads: int = 1) -> None:
     residual_cells(axes[0], resid_atp[checked][:, [s2, end]], resid_ig, resid_exact, [resid_labels[i] for i in checked])
     labels = [label(int(i), heads_atp.shape, POSITIONS) for i in chosen]
     plot_atp_vs_exact(flat[chosen], exact_cells, layers=labels, annotate=6, ax=axes[1],
-                      title="head cells: 6 strongest by AtP and 6 others")  # fmt: skip
+                      title="head cells: 6 strongest by AtP, 12 others from S2 on")  # fmt: skip
     plot_path_patching(path, total, layers=names, ax=axes[2],
                        title="strongest heads -> final position: path vs total")  # fmt: skip
     fig.tight_layout()
