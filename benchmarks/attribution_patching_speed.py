@@ -42,6 +42,17 @@ def load() -> str:
     return f"load average {one:.2f}, {five:.2f}, {fifteen:.2f} on {os.cpu_count()} CPUs"
 
 
+def spearman(a: torch.Tensor, b: torch.Tensor) -> float:
+    """Spearman's rank correlation, tied values sharing their mean rank."""
+
+    def ranks(x: torch.Tensor) -> torch.Tensor:
+        _, inverse, counts = torch.unique(x.flatten(), return_inverse=True, return_counts=True)
+        ends = counts.cumsum(0)
+        return ((2 * ends - counts - 1) / 2).double()[inverse]
+
+    return float(torch.corrcoef(torch.stack([ranks(a), ranks(b)]))[0, 1])
+
+
 def smollm2(rounds: int) -> None:
     try:
         from examples._smollm2 import ioi_prompts, load_smollm2
@@ -83,9 +94,15 @@ def smollm2(rounds: int) -> None:
     activation_patching(model, clean, corrupted, last, metric, site="input", heads=9, progress=False)
     exact_heads = (time.perf_counter() - start) * n_layers  # extrapolated from one layer's 126 cells
     estimate = attribution_patching(model, clean, corrupted, resid, metric, site="input")
+    with torch.no_grad():
+        low, high = float(metric(model(**corrupted))), float(metric(model(**clean)))
+    share = (estimate - low) / (high - low), (exact - low) / (high - low)  # 0 = corrupted, 1 = clean
     print(
-        f"residual sweep: max |AtP - exact| = {(estimate - exact).abs().max():.3f} "
-        f"(exact values from {exact.min():.2f} to {exact.max():.2f})"
+        f"residual sweep, normalised: max |AtP - exact| = {(share[0] - share[1]).abs().max():.2f}, Spearman "
+        f"{spearman(estimate, exact):.2f}; exact at S2 (position 9) by layer input: "
+        + " ".join(f"{v:.2f}" for v in share[1][:, 9].tolist())
+        + "; at the end: "
+        + " ".join(f"{v:.2f}" for v in share[1][:, -1].tolist())
     )
     floor_s = times["1 forward + backward (floor)"]
     rows = [[name, f"{s:.2f}", f"{s / floor_s:.2f}", "", ""] for name, s in times.items()]
