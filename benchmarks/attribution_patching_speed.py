@@ -8,7 +8,8 @@ Run from the repository root: python -m benchmarks.attribution_patching_speed [-
    residual stream (inputs of the 30 layers and of the final norm) by layer x position, 434 cells, and of every head
    by layer x position x head (inputs of the 30 ``o_proj``, 3780 cells); each call includes its clean forward.
    Exact activation patching of the residual sweep is timed once (434 forwards); that of the head sweep (3780
-   forwards) is extrapolated from an exact sweep of one layer's heads (126 forwards).
+   forwards) is extrapolated from exact sweeps of the first and the last layer's heads (126 forwards each): with
+   replay a cell's forward runs from its layer on, so the time per layer falls about linearly with its index.
 2. The 4-layer reference model of benchmarks/patching_speed.py (d_model 256, 8 heads, batch 8, seq 32), against
    TransformerLens' ``attribution_patch`` on its native model with the same weights: the same node scores (token
    embedding by position, each head by position, each MLP output by position); ours in three calls, one per kind
@@ -89,10 +90,14 @@ def smollm2(rounds: int) -> None:
     start = time.perf_counter()
     exact = activation_patching(model, clean, corrupted, resid, metric, site="input", progress=False)
     exact_resid = time.perf_counter() - start
-    last = f"model.layers.{n_layers - 1}.self_attn.o_proj"
-    start = time.perf_counter()
-    activation_patching(model, clean, corrupted, last, metric, site="input", heads=9, progress=False)
-    exact_heads = (time.perf_counter() - start) * n_layers  # extrapolated from one layer's 126 cells
+    ends = []  # exact head sweeps of the first and the last layer, 126 cells each
+    for layer in (0, n_layers - 1):
+        start = time.perf_counter()
+        name = f"model.layers.{layer}.self_attn.o_proj"
+        activation_patching(model, clean, corrupted, name, metric, site="input", heads=9, progress=False)
+        ends.append(time.perf_counter() - start)
+    # replay runs a cell's forward from its layer on, so a layer's sweep costs about an affine function of its index
+    exact_heads = n_layers * sum(ends) / 2
     estimate = attribution_patching(model, clean, corrupted, resid, metric, site="input")
     with torch.no_grad():
         low, high = float(metric(model(**corrupted))), float(metric(model(**clean)))
