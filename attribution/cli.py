@@ -156,14 +156,24 @@ def load_checkpoint(model: nn.Module, path: Path) -> None:
         raise SystemExit(f"error: --checkpoint {str(path)!r} holds no state dict (a dict of tensors)")
     if state and all(k.startswith("module.") for k in state):
         state = {k.removeprefix("module."): v for k, v in state.items()}
-    result = model.load_state_dict(state, strict=False)
+    hint = "another architecture, or another number of classes (--num-classes)?"
+    try:
+        result = model.load_state_dict(state, strict=False)
+    except RuntimeError as exc:  # shapes that differ
+        mismatches = [line.strip() for line in str(exc).splitlines() if "size mismatch" in line]
+        raise SystemExit(
+            f"error: --checkpoint {str(path)!r} does not fit {type(model).__name__}: {'; '.join(mismatches[:3])} "
+            f"({hint})"
+        ) from None
     if result.missing_keys or result.unexpected_keys:
         raise SystemExit(
             f"error: --checkpoint {str(path)!r} does not fit {type(model).__name__}: missing "
-            f"{result.missing_keys[:5]}{'...' if len(result.missing_keys) > 5 else ''}, unexpected "
-            f"{result.unexpected_keys[:5]}{'...' if len(result.unexpected_keys) > 5 else ''} (another "
-            "architecture? another number of classes: --num-classes?)"
+            f"{_few(result.missing_keys)}, unexpected {_few(result.unexpected_keys)} ({hint})"
         )
+
+
+def _few(keys: Sequence[str]) -> str:
+    return ", ".join(keys[:4]) + (f" and {len(keys) - 4} more" if len(keys) > 4 else "") if keys else "none"
 
 
 def blend(rgb: np.ndarray, saliency: torch.Tensor, *, cmap: str = "jet", alpha: float = 0.5) -> np.ndarray:
@@ -256,7 +266,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser().parse_args(argv)
     rank, world = _distributed.setup()
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
-    images = ImageFolder(args.images, size=args.size, crop=args.crop, mean=args.mean, std=args.std)
+    try:
+        images = ImageFolder(args.images, size=args.size, crop=args.crop, mean=args.mean, std=args.std)
+    except FileNotFoundError as exc:
+        raise SystemExit(f"error: {exc}") from None
     model = build_model(
         args.model, checkpoint=args.checkpoint, pretrained=args.pretrained, num_classes=args.num_classes
     ).to(device)
