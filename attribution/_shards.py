@@ -9,9 +9,9 @@ Layout of an output directory::
     manifest.json          written last, once every shard is complete
 
 A shard is written into a temporary directory, one ``.npy`` file per field (the header first, then the rows batch
-by batch, so memory stays constant), each file flushed and fsynced, then the directory is renamed to its final name
-and the parent directory fsynced. A shard directory that has its final name is therefore complete; anything else is
-a leftover of an interrupted run.
+by batch, so memory stays constant), each file flushed and fsynced, then the directory is renamed to its final name;
+the shards' directory is fsynced before the manifest is written. A shard directory that has its final name is
+therefore complete; anything else is a leftover of an interrupted run.
 """
 
 from __future__ import annotations
@@ -77,15 +77,24 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
+def sync_dir(path: Path) -> None:
+    """Make the renames inside ``path`` durable (where the platform can open a directory)."""
+    _fsync_dir(path)
+
+
 def write_json(path: Path, data: Mapping[str, Any]) -> None:
     """Write ``data`` to ``path`` atomically: a temporary file, flushed and fsynced, then renamed."""
     tmp = path.with_name(f"{path.name}.tmp-{socket.gethostname()}-{os.getpid()}")
-    with open(tmp, "w") as f:
-        json.dump(data, f, indent=1)
-        f.flush()
-        os.fsync(f.fileno())
+    _write_synced(tmp, json.dumps(data, indent=1))
     os.replace(tmp, path)
     _fsync_dir(path.parent)
+
+
+def _write_synced(path: Path, text: str) -> None:
+    with open(path, "w") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
 
 
 class ShardWriter:
@@ -138,19 +147,22 @@ class ShardWriter:
         self.files[name] = f
         self.fields[name] = {"dtype": column.dtype.str, "shape": list(column.shape[1:])}
 
-    def commit(self, meta: Mapping[str, Any]) -> dict[str, Any]:
-        """Flush, fsync and publish the shard under its final name; returns its ``meta.json`` content."""
+    def commit(self, meta: Mapping[str, Any]) -> None:
+        """Flush and fsync every file, then publish the shard under its final name (safe to run in a thread).
+
+        The rename is made durable later, for all shards at once, by :func:`sync_dir` of the shards' directory: a
+        rename lost in a crash before that only means the shard is computed again.
+        """
         if self.written != self.rows:
             raise RuntimeError(f"shard {self.shard} got {self.written} of its {self.rows} rows")
         for f in self.files.values():
             f.flush()
             os.fsync(f.fileno())
             f.close()
-        full = {"shard": self.shard, "rows": self.rows, "fields": self.fields, **meta}
-        write_json(self.tmp / META, full)
+        _write_synced(
+            self.tmp / META, json.dumps({"shard": self.shard, "rows": self.rows, "fields": self.fields, **meta})
+        )
         os.rename(self.tmp, self.final)
-        _fsync_dir(self.final.parent)
-        return full
 
     def abort(self) -> None:
         """Close and delete the temporary directory (after an error or an interruption)."""

@@ -21,6 +21,7 @@ import os
 import socket
 import warnings
 from collections.abc import Callable, Iterator, Mapping, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Union
@@ -39,6 +40,7 @@ from ._shards import (
     FORMAT,
     MANIFEST,
     SETTINGS,
+    SHARDS,
     VERSION,
     Results,
     ShardWriter,
@@ -46,6 +48,7 @@ from ._shards import (
     read_meta,
     shard_count,
     shard_rows,
+    sync_dir,
     write_json,
 )
 
@@ -174,24 +177,33 @@ def attribute_dataset(
         dynamic_ncols=True,
     )
     writer: ShardWriter | None = None
-    try:
-        if batches:
-            loader = DataLoader(dataset, batch_sampler=batches, **options)
-            for indices, batch in zip(batches, loader, strict=True):
-                if writer is None:
-                    shard = indices[0] // size
-                    writer = ShardWriter(out, shard, len(shard_rows(items, size, shard)))
-                writer.append(run(batch, indices))
-                if writer.written == writer.rows:
-                    writer.commit({"rank": rank, "world": world, "host": socket.gethostname()})
-                    writer = None
-                bar.update(len(indices))
-    except BaseException:
-        if writer is not None:
-            writer.abort()
-        raise
-    finally:
-        bar.close()
+    meta = {"rank": rank, "world": world, "host": socket.gethostname()}
+    # a finished shard is fsynced and renamed in a thread while the next batches compute; one at a time
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="hookscope-shards") as publisher:
+        published: Future[None] | None = None
+        try:
+            if batches:
+                loader = DataLoader(dataset, batch_sampler=batches, **options)
+                for indices, batch in zip(batches, loader, strict=True):
+                    if writer is None:
+                        shard = indices[0] // size
+                        writer = ShardWriter(out, shard, len(shard_rows(items, size, shard)))
+                    writer.append(run(batch, indices))
+                    if writer.written == writer.rows:
+                        if published is not None:
+                            published.result()  # raises what went wrong there
+                        published = publisher.submit(writer.commit, meta)
+                        writer = None
+                    bar.update(len(indices))
+            if published is not None:
+                published.result()
+        except BaseException:
+            if writer is not None:
+                writer.abort()
+            raise
+        finally:
+            bar.close()
+    sync_dir(out / SHARDS)
     metas = [meta for metas in _distributed.all_gather([read_meta(out, s) for s in mine]) for meta in metas]
     if rank == 0:
         _write_manifest(out, settings, metas)
