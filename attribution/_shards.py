@@ -133,7 +133,7 @@ class ShardWriter:
                     f"`{name}` of this batch is {column.dtype} {tuple(column.shape[1:])} per item; earlier items "
                     f"were {np.dtype(spec['dtype'])} {tuple(spec['shape'])}: every item must have the same shape"
                 )
-            self.files[name].write(np.ascontiguousarray(column).tobytes())
+            self.files[name].write(np.ascontiguousarray(column).data)  # the buffer itself, no copy
         self.written += count
 
     def _open(self, name: str, column: np.ndarray) -> None:

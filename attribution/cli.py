@@ -228,7 +228,7 @@ def _overlay_names(files: Sequence[Path]) -> list[Path]:
     return names
 
 
-def parser() -> argparse.ArgumentParser:
+def _parser() -> argparse.ArgumentParser:
     """The command line's argument parser."""
     p = argparse.ArgumentParser(
         prog="python -m attribution.cli",
@@ -263,7 +263,7 @@ def parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line (``python -m attribution.cli --help``); returns the exit status."""
-    args = parser().parse_args(argv)
+    args = _parser().parse_args(argv)
     rank, world = _distributed.setup()
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     try:
@@ -327,7 +327,7 @@ def _write_summary(results: Results, images: ImageFolder, path: Path) -> None:
     _write_text(path, buffer.getvalue())
 
 
-__all__ = ["ImageFolder", "blend", "build_model", "load_checkpoint", "main", "parser", "write_overlays"]
+__all__ = ["ImageFolder", "blend", "build_model", "load_checkpoint", "main", "write_overlays"]
 
 if __name__ == "__main__":
     raise SystemExit(main())

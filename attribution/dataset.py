@@ -17,7 +17,6 @@ import hashlib
 import inspect
 import json
 import math
-import os
 import socket
 import warnings
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -42,6 +41,7 @@ from ._shards import (
     SETTINGS,
     SHARDS,
     VERSION,
+    Column,
     Results,
     ShardWriter,
     is_complete,
@@ -52,7 +52,7 @@ from ._shards import (
     write_json,
 )
 
-__all__ = ["Results", "attribute_dataset", "open_results"]
+__all__ = ["Column", "Results", "attribute_dataset", "open_results"]
 
 DatasetTarget = Union[None, int, str, Sequence[int], torch.Tensor, Callable[[Any], torch.Tensor]]  # noqa: UP007
 _STORAGE = (torch.float32, torch.float16)
@@ -66,7 +66,7 @@ _LOADER_OPTIONS = (
 def attribute_dataset(
     method: Callable[..., torch.Tensor],
     data: Dataset[Any] | DataLoader[Any] | Sequence[Any],
-    out: str | os.PathLike[str],
+    out: str | Path,
     *,
     batch_size: int | None = None,
     target: DatasetTarget = None,
@@ -211,7 +211,7 @@ def attribute_dataset(
     return open_results(out)
 
 
-def open_results(out: str | os.PathLike[str]) -> Results:
+def open_results(out: str | Path) -> Results:
     """The results that :func:`attribute_dataset` wrote to ``out``, read lazily and indexed by dataset index.
 
     Args:
