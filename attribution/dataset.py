@@ -108,8 +108,8 @@ def attribute_dataset(
             Without a model no classes or scores are stored and the targets of ``target=None`` are -1.
         dtype: storage type of the maps: ``torch.float32`` or ``torch.float16`` (half the disk).
         topk: how many top classes (and their logits and probabilities) to store per item; 0 for none.
-        shard_size: dataset items per shard (default: a multiple of ``batch_size`` making at least ~64 shards, at
-            most 16 batches each). Keep it a multiple of ``batch_size``: batches never cross shards.
+        shard_size: dataset items per shard (default: 1 to 16 batches, aiming at 64 shards so that processes can
+            share them evenly). Keep it a multiple of ``batch_size``: batches never cross shards.
         device: where the inputs go (default: the device of the model's first parameter, else left as they are).
         progress: show a tqdm progress bar with items/s (on rank 0, counting its own share).
 
@@ -204,9 +204,9 @@ def attribute_dataset(
         finally:
             bar.close()
     sync_dir(out / SHARDS)
-    metas = [meta for metas in _distributed.all_gather([read_meta(out, s) for s in mine]) for meta in metas]
+    gathered = _distributed.all_gather([read_meta(out, shard) for shard in mine])
     if rank == 0:
-        _write_manifest(out, settings, metas)
+        _write_manifest(out, settings, [shard_meta for rank_metas in gathered for shard_meta in rank_metas])
     _distributed.barrier()
     return open_results(out)
 
@@ -481,6 +481,11 @@ def _settle(out: Path, settings: dict[str, Any], *, fixed_shard_size: bool, rank
         if not path.exists():
             write_json(path, settings)
     _distributed.barrier()
+    if not path.is_file():
+        raise FileNotFoundError(
+            f"{path} is missing here, though rank 0 wrote it: `out` must be on a file system that every process "
+            "sees (for several machines, a shared one)"
+        )
     stored = json.loads(path.read_text())
     if not fixed_shard_size and "shard_size" in stored:
         settings = {**settings, "shard_size": stored["shard_size"]}  # resuming with another batch size is fine
