@@ -308,11 +308,20 @@ class Results:
         """The softmax probabilities of :attr:`classes`, ``(items, topk)``."""
         return self.column("probs")
 
-    def shards(self, rank: int = 0, world: int = 1) -> Iterator[tuple[range, dict[str, np.ndarray]]]:
-        """``(dataset indices, {field: memory-mapped array})`` of every ``world``-th shard from ``rank`` on."""
+    def shards(
+        self, rank: int = 0, world: int = 1, fields: Sequence[str] | None = None
+    ) -> Iterator[tuple[range, dict[str, np.ndarray]]]:
+        """``(dataset indices, {field: memory-mapped array})`` of every ``world``-th shard from ``rank`` on.
+
+        Args:
+            rank: the first shard.
+            world: the step between shards (``rank=r, world=w`` gives process ``r`` of ``w`` its share).
+            fields: the fields to map (default: all).
+        """
+        names = list(self._fields) if fields is None else [self.column(name).name for name in fields]
         for shard in range(rank, shard_count(self._items, self._shard_size), world):
             rows = shard_rows(self._items, self._shard_size, shard)
-            yield rows, {name: self._array(shard, name) for name in self._fields}
+            yield rows, {name: self._array(shard, name) for name in names}
 
     def _array(self, shard: int, name: str) -> np.ndarray:
         key = (shard, name)

@@ -75,7 +75,7 @@ def class_means(results: Results, *, by: Literal["targets", "classes"] = "target
     shape = tuple(results.maps.shape[1:])
     sums: dict[int, torch.Tensor] = {}
     counts: dict[int, int] = {}
-    for _, arrays in results.shards(rank, world):
+    for _, arrays in results.shards(rank, world, fields=("maps", by)):
         labels_all = torch.from_numpy(np.array(arrays[by][:, 0] if by == "classes" else arrays[by]))
         for start in range(0, len(labels_all), _CHUNK):
             labels = labels_all[start : start + _CHUNK]

@@ -313,6 +313,10 @@ def test_class_means_equal_the_mean_of_each_class_maps(tiny_cnn, data, tmp_path)
     assert int(top.counts.sum()) == ITEMS and torch.equal(top.classes, res.classes[:][:, 0].unique())
     with pytest.raises(KeyError, match="class 7 has no items"):
         means[7]
+    plain = attribute_dataset(lambda x, t: x[:, 0], data, tmp_path / "plain", batch_size=4, progress=False)
+    assert class_means(plain).means.shape == (0, 8, 8)  # every target is -1 (unknown): no class
+    with pytest.raises(KeyError, match="no field 'classes'"):
+        class_means(plain, by="classes")
 
 
 def test_mean_patching_is_the_mean_of_the_per_pair_sweeps():
