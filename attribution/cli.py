@@ -94,10 +94,11 @@ def build_model(name: str, *, checkpoint: Path | None, pretrained: bool, num_cla
     """A torchvision or timm (``timm:NAME``) model in eval mode, with the checkpoint's or the default weights."""
     import torchvision
 
-    library, _, arch = name.rpartition(":")
-    if library not in ("", "torchvision", "timm"):
-        raise SystemExit(f"error: --model {name!r}: the prefix must be 'torchvision:' or 'timm:'")
+    prefix, _, rest = name.partition(":")
+    library, arch = (prefix, rest) if prefix in ("torchvision", "timm") else ("", name)
     options: dict[str, Any] = {} if num_classes is None else {"num_classes": num_classes}
+    if library == "torchvision" and arch not in torchvision.models.list_models():
+        raise SystemExit(f"error: --model {name!r} is not a torchvision model; see torchvision.models.list_models()")
     if library != "timm" and arch in torchvision.models.list_models():
         weights = "DEFAULT" if pretrained else None
         try:

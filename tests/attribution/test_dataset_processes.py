@@ -209,6 +209,8 @@ def test_command_line_errors(image_folder, checkpoint, tmp_path):
         main([*base, "--model", "resnet18", "--num-classes", "3", "--checkpoint", str(tmp_path / "r34.pt")])
     with pytest.raises(SystemExit, match="neither a torchvision nor a timm model"):
         main([*base, "--model", "timm:no_such_net"] if _has_timm() else [*base, "--model", "no_such_net"])
+    with pytest.raises(SystemExit, match="'torchvision:resnet19' is not a torchvision model"):
+        main([*base, "--model", "torchvision:resnet19"])
     with pytest.raises(SystemExit, match="does not exist"):
         main([*base, "--model", "resnet18", "--checkpoint", str(tmp_path / "missing.pt")])
     (tmp_path / "empty").mkdir()
