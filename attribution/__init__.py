@@ -9,6 +9,7 @@ Example:
     (torch.Size([1, 64, 64]), True, True)
 """
 
+from . import targets
 from .cam import EigenCAM, GradCAM, GradCAMPlusPlus, HiResCAM, LayerCAM, ScoreCAM, XGradCAM
 from .dataset import attribute_dataset, open_results
 from .patching import Patch, activation_patching, patch, record
@@ -30,4 +31,5 @@ __all__ = [
     "open_results",
     "patch",
     "record",
+    "targets",
 ]
