@@ -146,7 +146,7 @@ def checkpoint(tmp_path) -> Path:
     return make_checkpoint(tmp_path / "resnet18-3.pt")
 
 
-CLI_OPTIONS = ["--model", "resnet18", "--num-classes", "3", "--layer", "layer4", "--size", "16", "--batch-size", "2"]
+CLI_OPTIONS = ["--model", "resnet18", "--num-classes", "3", "--layer", "layer2", "--size", "16", "--batch-size", "2"]
 
 
 @pytest.fixture(scope="module")
@@ -166,7 +166,7 @@ def test_command_line_under_torchrun_equals_gradcam_in_process(two_processes, on
     res = open_results(out)
     images = ImageFolder(image_folder, size=16, crop=0.875, mean=(0.485, 0.456, 0.406), std=(0.229, 0.224, 0.225))
     model = build_model("resnet18", checkpoint=checkpoint, pretrained=False, num_classes=3)
-    cam = GradCAM(model, "layer4")
+    cam = GradCAM(model, "layer2")
     x = torch.stack([images[i] for i in range(len(images))])
     expected = torch.cat([cam(x[i : i + 2]) for i in range(0, len(images), 2)])
     assert res.maps.dtype == torch.float16 and torch.equal(res.maps[:], expected.half())
@@ -183,7 +183,7 @@ def test_command_line_under_torchrun_equals_gradcam_in_process(two_processes, on
 
 def test_command_line_overlay_shows_the_map(image_folder, checkpoint, tmp_path):
     out = tmp_path / "out"
-    args = [str(image_folder), str(out), "--model", "resnet18", "--num-classes", "3", "--layer", "layer4"]
+    args = [str(image_folder), str(out), "--model", "resnet18", "--num-classes", "3", "--layer", "layer3"]
     assert main([*args, "--checkpoint", str(checkpoint), "--size", "32", "--quiet", "--alpha", "1"]) == 0
     res = open_results(out)
     shown = next(i for i in range(len(res)) if res.maps[i].max() > 0.5)  # a map that is not all zero
