@@ -11,6 +11,7 @@ Example:
 
 from . import targets
 from .cam import EigenCAM, GradCAM, GradCAMPlusPlus, HiResCAM, LayerCAM, ScoreCAM, XGradCAM
+from .dataset import attribute_dataset, open_results
 from .patching import Patch, activation_patching, patch, record
 from .rollout import AttentionRollout, GradientRollout
 
@@ -26,6 +27,8 @@ __all__ = [
     "ScoreCAM",
     "XGradCAM",
     "activation_patching",
+    "attribute_dataset",
+    "open_results",
     "patch",
     "record",
     "targets",

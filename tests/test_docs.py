@@ -91,6 +91,7 @@ def packages(tmp_path_factory: pytest.TempPathFactory) -> Path:
 RUNNER = """
 import json, sys, traceback
 blocks = json.load(open(sys.argv[1]))
+sys.argv = sys.argv[:1]  # a block run as a script sees no arguments
 for where, code in blocks:
     try:
         exec(compile(code, where, "exec"), {"__name__": "__main__"})  # a fresh namespace per block
