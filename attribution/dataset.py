@@ -125,7 +125,7 @@ def attribute_dataset(
         >>> from attribution import GradCAM, attribute_dataset
         >>> model = torchvision.models.resnet18(weights=None, num_classes=4).eval()
         >>> images = torch.utils.data.TensorDataset(torch.randn(10, 3, 32, 32))
-        >>> res = attribute_dataset(GradCAM(model, "layer4"), images, tempfile.mkdtemp(), batch_size=4,
+        >>> res = attribute_dataset(GradCAM(model, "layer3"), images, tempfile.mkdtemp(), batch_size=4,
         ...                         progress=False)
         >>> len(res), res.maps[7].shape, res.classes[7].shape
         (10, torch.Size([32, 32]), torch.Size([4]))
