@@ -96,7 +96,7 @@ def _grid(inside: torch.Tensor, unknown: torch.Tensor) -> _Grid:
 
 
 def _hierarchy(unknown: torch.Tensor) -> tuple[list[_Grid], torch.Tensor]:
-    """The grids, finest first, and the Cholesky factor ``(n, h*w, h*w)`` of ``K`` on the coarsest grid.
+    """The grids, finest first, and the inverse ``(n, h*w, h*w)`` of ``K`` on the coarsest grid.
 
     A coarse pixel is unknown when none of its fine pixels is known; ``K`` is given the identity at known pixels.
     """
@@ -114,19 +114,18 @@ def _hierarchy(unknown: torch.Tensor) -> tuple[list[_Grid], torch.Tensor]:
     probes = torch.eye(h * w, dtype=unknown.dtype, device=unknown.device).view(1, h * w, h, w)
     columns = _apply(coarsest, probes * coarsest.unknown)  # (n, h*w probes, h, w): column j of K
     matrix = columns.flatten(2).transpose(1, 2) + torch.diag_embed(1 - coarsest.unknown.flatten(1))
-    return grids, torch.linalg.cholesky(matrix)
+    return grids, torch.cholesky_inverse(torch.linalg.cholesky(matrix))
 
 
-def _v_cycle(grids: list[_Grid], factor: torch.Tensor, r: torch.Tensor, level: int = 0) -> torch.Tensor:
+def _v_cycle(grids: list[_Grid], inverse: torch.Tensor, r: torch.Tensor, level: int = 0) -> torch.Tensor:
     """An approximation of ``K^-1 r``: a symmetric V-cycle, so that it can precondition conjugate gradients."""
     grid = grids[level]
     if level == len(grids) - 1:
         n, c, h, w = r.shape
-        solved = torch.cholesky_solve(r.flatten(2).transpose(1, 2), factor)
-        return solved.transpose(1, 2).reshape(n, c, h, w) * grid.unknown
+        return torch.bmm(r.flatten(2), inverse).view(n, c, h, w) * grid.unknown  # r K^-1 = (K^-1 r) as K^-1 = K^-T
     e = grid.inverse * r
     coarse = _restrict(r - _apply(grid, e)) * grids[level + 1].unknown
-    e += _prolong(_v_cycle(grids, factor, coarse, level + 1), r.shape[-2:]) * grid.unknown
+    e += _prolong(_v_cycle(grids, inverse, coarse, level + 1), r.shape[-2:]) * grid.unknown
     e += grid.inverse * (r - _apply(grid, e))
     return e
 
@@ -148,14 +147,14 @@ def linear_imputation(images: torch.Tensor, removed: torch.Tensor) -> torch.Tens
         return images.clone()
     if bool((unknown.flatten(1).amin(dim=1) > 0).any()):
         raise ValueError("every pixel of an image is removed: linear imputation needs at least one kept pixel")
-    grids, factor = _hierarchy(unknown)
+    grids, inverse = _hierarchy(unknown)
     known = work * (1 - unknown)
     b = _neighbour_sum(known) * unknown
     tolerance = 1e-10 if work.dtype == torch.float64 else 1e-5
     limit = tolerance**2 * _dot(b, b)
     x = torch.zeros_like(work)
     r = b.clone()
-    z = _v_cycle(grids, factor, r)
+    z = _v_cycle(grids, inverse, r)
     p = z.clone()
     rz = _dot(r, z)
     for _ in range(_MAX_ITERATIONS):
@@ -165,7 +164,7 @@ def linear_imputation(images: torch.Tensor, removed: torch.Tensor) -> torch.Tens
         alpha = rz / _dot(p, kp).clamp(min=torch.finfo(work.dtype).tiny)
         x.addcmul_(alpha, p)
         r.addcmul_(alpha, kp, value=-1)
-        z = _v_cycle(grids, factor, r)
+        z = _v_cycle(grids, inverse, r)
         rz, previous = _dot(r, z), rz
         p = z.addcmul_(rz / previous.clamp(min=torch.finfo(work.dtype).tiny), p)
     else:

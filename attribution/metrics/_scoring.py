@@ -88,20 +88,23 @@ class Scorer:
 
     def __call__(self, images: torch.Tensor, items: torch.Tensor) -> torch.Tensor:
         """Scores of ``images`` ``(n, C, H, W)``, perturbed copies of the images ``items`` ``(n,)``."""
-        output = self.model(images)
+        return self._read(self.model(images), items)
+
+    def unperturbed(self, inputs: torch.Tensor) -> torch.Tensor:
+        """Scores of the unperturbed ``inputs``, which fix the classes of a ``None`` target."""
+        output = self.model(inputs)
+        if not callable(self.target):
+            self.classes = class_indices(class_logits(output), self.target, self.batch)
+        return self._read(output, torch.arange(len(inputs)))
+
+    def _read(self, output: Any, items: torch.Tensor) -> torch.Tensor:
         if callable(self.target):
-            return _floating(target_scores(output, self.target, len(images)))
+            return _floating(target_scores(output, self.target, len(items)))
         logits = _floating(class_logits(output))
         if self.score == "probability":
             logits = logits.softmax(dim=1)
         assert self.classes is not None, "score the unperturbed images first"
         return logits.gather(1, self.classes[items.to(self.classes.device)][:, None]).squeeze(1)
-
-    def unperturbed(self, inputs: torch.Tensor) -> torch.Tensor:
-        """Scores of the unperturbed ``inputs``, which fix the classes of a ``None`` target."""
-        if not callable(self.target):
-            self.classes = class_indices(class_logits(self.model(inputs)), self.target, self.batch)
-        return self(inputs, torch.arange(len(inputs)))
 
 
 def run_batches(

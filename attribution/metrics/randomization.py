@@ -64,8 +64,9 @@ def randomization_test(
     whose maps survive randomisation (Spearman and SSIM stay near 1) does not depend on what the model learned.
 
     The user's model is never modified: the copies are deep copies, and the global random state is left as it was
-    (the stages draw from ``torch.manual_seed(seed + s)`` inside a forked random state, so stage ``s`` gets the same
-    weights in both modes).
+    (stage ``s`` draws from ``torch.manual_seed(stage_seed(seed, s))`` inside a forked random state, so it gets the
+    same weights in both modes; the seeds are hashed so that they do not repeat a seed such as 0 that the model may
+    have been built with, which would give back its own initial weights).
 
     Args:
         method: ``method(model, inputs, target) -> (B, H, W)`` maps, e.g.
@@ -110,7 +111,7 @@ def randomization_test(
     with torch.random.fork_rng(devices=_cuda_devices(model)):
         for s, name in enumerate(tqdm(stages, desc="randomisation", disable=not progress, leave=False)):
             module = randomised.get_submodule(name)
-            torch.manual_seed(seed + s)
+            torch.manual_seed(stage_seed(seed, s))
             _reinitialise(module, name)
             maps.append(_maps(method, randomised, inputs, target, original.shape))
             if mode == "independent":
@@ -118,6 +119,11 @@ def randomization_test(
     del randomised
     stacked = torch.stack(maps)
     return RandomizationResult(mode, stages, original, stacked, *_compare(original, stacked, stages))
+
+
+def stage_seed(seed: int, stage: int) -> int:
+    """The seed of the re-initialisation at ``stage``: a hash of ``(seed, stage)``, the same in every process."""
+    return hash((seed, stage)) & 0x7FFF_FFFF_FFFF_FFFF
 
 
 def default_layers(model: nn.Module) -> list[str]:
@@ -177,8 +183,8 @@ def _compare(original: torch.Tensor, maps: torch.Tensor, stages: Sequence[str]) 
     """Spearman ``(S, B)`` and SSIM ``(S, B)`` of every stage's maps against the original ones."""
     if all(torch.equal(m, original) for m in maps):
         warnings.warn(
-            "the maps did not change at any stage of the randomisation: does `method` use the model it is given "
-            "(and not a model it captured)?",
+            "the maps did not change at any stage of the randomisation: either they do not depend on these layers "
+            "(Eigen-CAM ignores the classifier), or `method` does not use the model it is given",
             stacklevel=3,
         )
     rho = torch.stack([spearman(original, m) for m in maps]).float()
@@ -192,11 +198,17 @@ def _compare(original: torch.Tensor, maps: torch.Tensor, stages: Sequence[str]) 
             "upsampled maps from `method`)",
             stacklevel=3,
         )
-    constant = [stages[s] for s in range(len(maps)) if rho[s].isnan().any()]
-    if rho.isnan().any():
-        where = f"stage(s) {constant}" if constant else "the original"
+    flat = original.flatten(1)
+    constant = (flat == flat[:, :1]).all(dim=1).nonzero().flatten().tolist()
+    if constant:
         warnings.warn(
-            f"some maps are constant (e.g. all zero) at {where}: their Spearman correlation is undefined (NaN)",
+            f"the original map of item(s) {constant} is constant (e.g. all zero): its Spearman correlations are NaN",
+            stacklevel=3,
+        )
+    elif rho.isnan().any():
+        where = [stages[s] for s in range(len(maps)) if rho[s].isnan().any()]
+        warnings.warn(
+            f"some maps are constant (e.g. all zero) at stage(s) {where}: their Spearman correlation is NaN",
             stacklevel=3,
         )
     return rho, similarity
