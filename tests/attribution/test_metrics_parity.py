@@ -59,7 +59,10 @@ def setup() -> tuple[nn.Module, torch.Tensor, torch.Tensor]:
     return Net().eval(), torch.randn(3, 3, 16, 16), torch.rand(3, 16, 16)
 
 
-@pytest.mark.parametrize(("score", "logits_fn"), [("probability", functools.partial(torch.softmax, dim=-1)), ("logit", None)])
+SOFTMAX = functools.partial(torch.softmax, dim=-1)
+
+
+@pytest.mark.parametrize(("score", "logits_fn"), [("probability", SOFTMAX), ("logit", None)])
 def test_deletion_and_insertion_match_torchcam(setup, score, logits_fn):
     metrics = pytest.importorskip("torchcam.metrics")
     model, images, maps = (part.double() for part in setup)  # float64: the numbers agree to 1e-12
@@ -81,9 +84,7 @@ def test_deletion_matches_torchcam_with_a_blur_baseline(setup):
     model, images, maps = setup
     from attribution.metrics._perturb import blur
 
-    theirs = metrics.DeletionInsertionMetric(
-        GivenMaps(model, maps), functools.partial(torch.softmax, dim=-1), steps=8, baseline=blur
-    )
+    theirs = metrics.DeletionInsertionMetric(GivenMaps(model, maps), SOFTMAX, steps=8, baseline=blur)
     theirs.update(images)
     ours = (deletion(model, images, maps, steps=8, baseline="blur"), insertion(model, images, maps, steps=8))
     assert ours[0].auc.mean().item() == pytest.approx(theirs.summary()["deletion_auc"], rel=1e-6)

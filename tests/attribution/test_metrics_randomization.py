@@ -108,7 +108,8 @@ def test_warnings_and_errors(tiny_cnn):
         small = randomization_test(lambda m, x, t: GradCAM(m, "features.2")(x[..., :8, :8], t), tiny_cnn, images)
     assert torch.isnan(small.ssim).all()
     maps = gradcam(tiny_cnn, images, None)
-    with pytest.warns(UserWarning, match=r"constant \(e.g. all zero\) at stage\(s\) \['fc', 'features.2', 'features.0'\]"):
+    every_stage = r"constant \(e.g. all zero\) at stage\(s\) \['fc', 'features.2', 'features.0'\]"
+    with pytest.warns(UserWarning, match=every_stage):
         flat = randomization_test(lambda m, x, t: maps if m is tiny_cnn else torch.zeros_like(maps), tiny_cnn, images)
     assert torch.isnan(flat.spearman).all() and not torch.isnan(flat.ssim).any()
     with pytest.raises(ValueError, match=r"`method` must return maps of shape \(B, H, W\); got \(2, 1, 16, 16\)"):
