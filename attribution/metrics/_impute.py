@@ -151,30 +151,45 @@ def linear_imputation(images: torch.Tensor, removed: torch.Tensor) -> torch.Tens
     known = work * (1 - unknown)
     b = _neighbour_sum(known) * unknown
     tolerance = 1e-10 if work.dtype == torch.float64 else 1e-5
+    return (known + _solve(grids, inverse, b, tolerance)).to(images.dtype)
+
+
+def _solve(grids: list[_Grid], inverse: torch.Tensor, b: torch.Tensor, tolerance: float) -> torch.Tensor:
+    """``x`` with ``K x = b`` to a relative residual of ``tolerance``: conjugate gradients, preconditioned by a V-cycle.
+
+    An image leaves the batch as soon as all its channels have converged.
+    """
+    tiny = torch.finfo(b.dtype).tiny
+    solution = torch.zeros_like(b)
+    active = torch.arange(len(b), device=b.device)
     limit = tolerance**2 * _dot(b, b)
-    x = torch.zeros_like(work)
-    r = b.clone()
+    x, r = torch.zeros_like(b), b.clone()
     z = _v_cycle(grids, inverse, r)
-    p = z.clone()
-    rz = _dot(r, z)
+    p, rz = z.clone(), _dot(r, z)
     for _ in range(_MAX_ITERATIONS):
-        if bool((_dot(r, r) <= limit).all()):
-            break
+        done = (_dot(r, r) <= limit).flatten(1).all(dim=1)
+        if bool(done.any()):
+            solution[active[done]] = x[done]
+            if bool(done.all()):
+                return solution
+            keep = ~done
+            active, x, r, p, rz, limit, inverse = (t[keep] for t in (active, x, r, p, rz, limit, inverse))
+            grids = [_Grid(*(t[keep] for t in grid)) for grid in grids]
         kp = _apply(grids[0], p)
-        alpha = rz / _dot(p, kp).clamp(min=torch.finfo(work.dtype).tiny)
+        alpha = rz / _dot(p, kp).clamp(min=tiny)
         x.addcmul_(alpha, p)
         r.addcmul_(alpha, kp, value=-1)
         z = _v_cycle(grids, inverse, r)
         rz, previous = _dot(r, z), rz
-        p = z.addcmul_(rz / previous.clamp(min=torch.finfo(work.dtype).tiny), p)
-    else:
-        warnings.warn(
-            f"linear imputation did not converge in {_MAX_ITERATIONS} iterations (relative residual "
-            f"{float((_dot(r, r) / _dot(b, b).clamp(min=1e-300)).sqrt().max()):.1e}); the imputed values are "
-            "approximate",
-            stacklevel=2,
-        )
-    return (known + x).to(images.dtype)
+        p = z.addcmul_(rz / previous.clamp(min=tiny), p)
+    residual = float((_dot(r, r) / (limit / tolerance**2).clamp(min=tiny)).sqrt().max())
+    warnings.warn(
+        f"linear imputation did not converge in {_MAX_ITERATIONS} iterations (relative residual {residual:.1e}); "
+        "the imputed values are approximate",
+        stacklevel=3,
+    )
+    solution[active] = x
+    return solution
 
 
 def noisy_linear_imputation(
