@@ -31,7 +31,7 @@ from attribution import EigenCAM, GradCAM
 from attribution.metrics import deletion, insertion, pointing_game, randomization_test, road
 from attribution.plot import plot_curves, plot_randomization
 
-STAGES = ["classifier", "conv_head", "blocks.6", "blocks.4", "blocks.2", "conv_stem"]  # cascading, top down
+STAGES = ["classifier", "conv_head", "blocks.6", "blocks.3", "conv_stem"]  # cascading, from the top down
 
 
 def main(out: Path) -> None:
@@ -68,16 +68,17 @@ def main(out: Path) -> None:
             )
         if method == "Grad-CAM":
             fig = plot_randomization(sanity, images[0], mean=MEAN, std=STD, ncols=7, alpha=0.5)
-            fig.savefig(out_dir(out) / "metrics_randomization.png", dpi=90, bbox_inches="tight")
+            fig.savefig(out_dir(out) / "metrics_demo_randomization.png", dpi=90, bbox_inches="tight")
             plt.close(fig)
 
     fig, axes = plt.subplots(1, 2, figsize=(9, 3.4), layout="constrained")
     plot_curves({m: c[0] for m, c in curves.items()}, ax=axes[0], title=f"deletion (zeros), {names[0]}")
     plot_curves({m: c[1] for m, c in curves.items()}, ax=axes[1], title=f"insertion (from the blur), {names[0]}")
-    path = out_dir(out) / "metrics_curves.png"
+    path = out_dir(out) / "metrics_demo_curves.png"
     fig.savefig(path, dpi=100)
     plt.close(fig)
-    print(f"\nwrote {path} and {path.with_name('metrics_randomization.png')} ({time.perf_counter() - start:.0f} s)")
+    grid = path.with_name("metrics_demo_randomization.png")
+    print(f"\nwrote {path} and {grid} ({time.perf_counter() - start:.0f} s)")
 
 
 def out_dir(out: Path) -> Path:

@@ -20,6 +20,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "examples"))
+sys.path.insert(0, str(ROOT / "docs" / "_tools"))
 
 import matplotlib  # noqa: E402
 
@@ -28,6 +29,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import torch  # noqa: E402
 from _efficientnet_lite0 import MEAN, STD, imagenet_categories, load_efficientnet_lite0, preprocess  # noqa: E402
 from _photos import BOXES, PHOTOS, photo  # noqa: E402
+from make_gallery import shrink  # noqa: E402
 
 from attribution import EigenCAM, GradCAM, GradCAMPlusPlus, HiResCAM, LayerCAM, ScoreCAM, XGradCAM  # noqa: E402
 from attribution.metrics import deletion, insertion, pointing_game, randomization_test, road  # noqa: E402
@@ -56,8 +58,8 @@ def method(name: str) -> Any:
     return lambda m, x, t: cls(m, LAYER, **options)(x, t)
 
 
-def compute() -> dict[str, Any]:
-    torch.set_num_threads(2)
+def compute(threads: int) -> dict[str, Any]:
+    torch.set_num_threads(threads)
     model = load_efficientnet_lite0()
     images = torch.stack([preprocess(photo(name)) for name in PHOTOS])
     with torch.no_grad():
@@ -166,14 +168,16 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--cache", type=Path, default=Path("/tmp/hookscope_metrics.pt"))
     parser.add_argument("--render-only", action="store_true", help="redraw from the cache without computing")
+    parser.add_argument("--threads", type=int, default=2, help="torch threads (1 is faster on a busy machine)")
     args = parser.parse_args()
     if args.render_only:
         scores = torch.load(args.cache, weights_only=False)
     else:
-        scores = compute()
+        scores = compute(args.threads)
         torch.save(scores, args.cache)
     (ROOT / "docs" / "methods" / "metrics_table.inc").write_text(table(scores))
     figures(scores)
+    shrink()
     print(
         "wrote docs/methods/metrics_table.inc, docs/gallery/metrics_curves.png, docs/gallery/metrics_randomization.png"
     )

@@ -120,3 +120,21 @@ def test_warnings_and_errors(tiny_cnn):
         randomization_test(gradcam, tiny_cnn, images, layers="pool")
     with pytest.raises(KeyError, match="did you mean"):
         randomization_test(gradcam, tiny_cnn, images, layers="feature.2")
+
+
+def test_an_interrupted_test_leaves_the_model_and_the_random_state_alone(tiny_cnn):
+    images = torch.randn(2, 3, 16, 16)
+    parameters = {k: v.clone() for k, v in tiny_cnn.state_dict().items()}
+    rng, calls = torch.random.get_rng_state(), []
+
+    def interrupted(m: nn.Module, x: torch.Tensor, t: object) -> torch.Tensor:
+        calls.append(m)
+        if len(calls) == 3:  # the second randomised stage
+            raise KeyboardInterrupt
+        return gradcam(m, x, t)
+
+    with pytest.raises(KeyboardInterrupt):
+        randomization_test(interrupted, tiny_cnn, images)
+    assert calls[0] is tiny_cnn and calls[1] is not tiny_cnn  # the original maps, then a copy
+    assert all(torch.equal(tiny_cnn.state_dict()[k], v) for k, v in parameters.items())
+    assert torch.equal(torch.random.get_rng_state(), rng) and tiny_cnn.training is False
