@@ -6,12 +6,13 @@ import copy
 import warnings
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import nn
 from tqdm.auto import tqdm
 
-from hooks import ModuleTarget, resolve
+from hooks import resolve
 
 from ._scoring import Target, top_classes
 from ._similarity import spearman, ssim
@@ -50,7 +51,7 @@ def randomization_test(
     target: Target = None,
     *,
     mode: str = "cascading",
-    layers: ModuleTarget | None = None,
+    layers: str | nn.Module | type | Sequence[Any] | None = None,
     seed: int = 0,
     progress: bool = False,
 ) -> RandomizationResult:
@@ -76,10 +77,10 @@ def randomization_test(
         target: as for the CAMs. ``None`` is resolved once to each image's top class on the original model, and
             that class is explained on every randomised copy.
         mode: ``"cascading"`` or ``"independent"``.
-        layers: the layers to randomise, one stage each (names, globs, modules; see :func:`hooks.resolve`),
-            ordered from the output to the input whatever the order given. Default: every child module that holds
-            parameters, with ``Sequential``/``ModuleList``/``ModuleDict`` containers opened up (ResNet-50: ``fc``,
-            ``layer4.2`` ... ``layer1.0``, ``bn1``, ``conv1``).
+        layers: the layers to randomise, one stage each: names, globs, modules, module types or a list of these
+            (as ``hooks.resolve`` takes them), ordered from the output to the input whatever the order given.
+            Default: every child module that holds parameters, with ``Sequential``/``ModuleList``/``ModuleDict``
+            containers opened up (ResNet-50: ``fc``, ``layer4.2`` ... ``layer1.0``, ``bn1``, ``conv1``).
         seed: seed of the re-initialisation.
         progress: show a progress bar over the stages.
 
@@ -140,7 +141,7 @@ def default_layers(model: nn.Module) -> list[str]:
     return list(walk(model, ""))[::-1]
 
 
-def _stages(model: nn.Module, layers: ModuleTarget | None) -> list[str]:
+def _stages(model: nn.Module, layers: str | nn.Module | type | Sequence[Any] | None) -> list[str]:
     if layers is None:
         names = default_layers(model)
         if not names:
