@@ -123,8 +123,8 @@ def _v_cycle(grids: list[_Grid], inverse: torch.Tensor, r: torch.Tensor, level: 
     if level == len(grids) - 1:
         n, c, h, w = r.shape
         return torch.bmm(r.flatten(2), inverse).view(n, c, h, w) * grid.unknown  # r K^-1 = (K^-1 r) as K^-1 = K^-T
-    e = grid.inverse * r
-    coarse = _restrict(r - _apply(grid, e)) * grids[level + 1].unknown
+    e = grid.inverse * r  # one Jacobi sweep from zero; its residual r - K e is then U S(e), S the neighbour sum
+    coarse = _restrict(grid.unknown * _neighbour_sum(e)) * grids[level + 1].unknown
     e += _prolong(_v_cycle(grids, inverse, coarse, level + 1), r.shape[-2:]) * grid.unknown
     e += grid.inverse * (r - _apply(grid, e))
     return e
