@@ -7,9 +7,10 @@ Each removed pixel ``i`` gets the value that makes it the weighted mean of its 8
 where the neighbours may themselves be removed: one sparse linear system per image, shared by its channels (the
 system of ROAD's ``NoisyLinearImputer``). Written ``K x = b`` over the removed pixels, ``K = D - W`` is symmetric
 positive definite as soon as one pixel is kept, so it is solved by conjugate gradients, preconditioned by one
-multigrid V-cycle (damped Jacobi smoothing, bilinear transfer, the same stencil on coarser grids), all in tensor
-operations batched over images and channels. Solved to a relative residual of 1e-5 (float32) or 1e-10 (float64),
-the values agree with a direct sparse solve to about 1e-5.
+multigrid V-cycle (a Jacobi sweep before and after, bilinear transfer, the same stencil on coarser grids, an exact
+solve on the coarsest), all in tensor operations batched over images and channels. Solved to a relative residual
+of 1e-5 (float32) or 1e-10 (float64), the values agree with a direct sparse solve to a few 1e-4 on 224x224 float32
+images (far below ROAD's noise of 0.01) and to 1e-7 in float64.
 """
 
 from __future__ import annotations
