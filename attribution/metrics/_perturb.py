@@ -6,7 +6,6 @@ from collections.abc import Callable
 from typing import Union
 
 import torch
-from torchvision.transforms.v2.functional import gaussian_blur
 
 Baseline = Union[str, torch.Tensor, Callable[[torch.Tensor], torch.Tensor]]  # noqa: UP007
 
@@ -57,6 +56,8 @@ def replace_top(
 
 def blur(images: torch.Tensor, kernel_size: int = BLUR_KERNEL, sigma: float = BLUR_SIGMA) -> torch.Tensor:
     """Gaussian blur of ``(B, C, H, W)`` images, reflected at the borders (torchvision's ``gaussian_blur``)."""
+    from torchvision.transforms.v2.functional import gaussian_blur  # torchvision is slow to import: only when used
+
     return gaussian_blur(images, [kernel_size, kernel_size], [sigma, sigma])
 
 
