@@ -58,6 +58,12 @@ def blur(images: torch.Tensor, kernel_size: int = BLUR_KERNEL, sigma: float = BL
     """Gaussian blur of ``(B, C, H, W)`` images, reflected at the borders (torchvision's ``gaussian_blur``)."""
     from torchvision.transforms.v2.functional import gaussian_blur  # torchvision is slow to import: only when used
 
+    if min(images.shape[-2:]) <= kernel_size // 2:
+        raise ValueError(
+            f"the 'blur' baseline reflects a {kernel_size}x{kernel_size} kernel at the borders, which needs images of "
+            f"more than {kernel_size // 2} pixels a side; got {tuple(images.shape[-2:])}: pass baseline='zeros' or "
+            "'mean'"
+        )
     return gaussian_blur(images, [kernel_size, kernel_size], [sigma, sigma])
 
 

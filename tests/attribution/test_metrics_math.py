@@ -53,6 +53,8 @@ def test_baselines():
         make_baseline(torch.zeros(2), images)
     with pytest.raises(ValueError, match="`baseline` must be 'zeros', 'mean', 'blur'"):
         make_baseline("black", images)
+    with pytest.raises(ValueError, match=r"more than 5 pixels a side; got \(4, 4\): pass baseline='zeros'"):
+        make_baseline("blur", images)
 
 
 def test_blur_is_the_rise_gaussian():
