@@ -87,6 +87,8 @@ def road(
     shares = torch.as_tensor(list(percentiles), dtype=torch.float64)
     if shares.dim() != 1 or not len(shares) or not ((shares > 0) & (shares < 100)).all():
         raise ValueError(f"`percentiles` must be values strictly between 0 and 100; got {list(percentiles)}")
+    if not isinstance(noise, (int, float)) or noise < 0:
+        raise ValueError(f"`noise` must be a standard deviation >= 0; got {noise!r}")
     counts = torch.round(shares / 100 * pixels).long().to(images.device)
     scorer = Scorer(model, target, score, batch)
     ranks = pixel_ranks(maps)

@@ -226,6 +226,8 @@ def test_bad_inputs_get_clear_errors():
         deletion(model, images, maps, score="prob")
     with pytest.raises(ValueError, match="`percentiles` must be values strictly between 0 and 100"):
         road(model, images, maps, percentiles=[50, 100])
+    with pytest.raises(ValueError, match="`noise` must be a standard deviation >= 0"):
+        road(model, images, maps, noise=-0.1)
     with pytest.raises(ValueError, match="`steps` must be an int from 1"):
         deletion(model, images, maps, steps=0)
     with pytest.raises(ValueError, match="`batch_size` must be a positive int"):
