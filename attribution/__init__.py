@@ -9,6 +9,7 @@ Example:
     (torch.Size([1, 64, 64]), True, True)
 """
 
+from . import targets
 from .cam import EigenCAM, GradCAM, GradCAMPlusPlus, HiResCAM, LayerCAM, ScoreCAM, XGradCAM
 from .patching import Patch, activation_patching, patch, record
 from .rollout import AttentionRollout, GradientRollout
@@ -27,4 +28,5 @@ __all__ = [
     "activation_patching",
     "patch",
     "record",
+    "targets",
 ]

@@ -1,31 +1,114 @@
-"""Model inputs of any form: a tensor, a tuple of positional inputs, or a dict of keyword inputs."""
+"""Model inputs of any form: a tensor, a tuple of positional inputs, a mapping of keyword inputs, a list of images."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch import nn
 from torch.utils import _pytree as pytree
 
+_FORMS = (
+    "a tensor (model(x)), a tuple of positional inputs (model(*x)), a dict or any Mapping such as a HuggingFace "
+    "BatchFeature (model(**x)), or a list of (C, H, W) images (torchvision detection models)"
+)
+
+
+def is_image_list(inputs: Any) -> bool:
+    """A list of ``(C, H, W)`` images, passed to the model as one argument (torchvision detection models)."""
+    return (
+        isinstance(inputs, list)
+        and len(inputs) > 0
+        and all(isinstance(x, torch.Tensor) and x.dim() == 3 for x in inputs)
+    )
+
 
 def call(model: nn.Module, inputs: Any) -> Any:
-    """``model(x)`` for a tensor, ``model(*x)`` for a tuple or list, ``model(**x)`` for a mapping."""
+    """``model(**x)`` for a mapping, ``model(x)`` for a list of images, ``model(*x)`` for a tuple or other list."""
     if isinstance(inputs, Mapping):
         return model(**inputs)
+    if is_image_list(inputs):
+        return model(inputs)
     if isinstance(inputs, (tuple, list)):
         return model(*inputs)
     return model(inputs)
 
 
+def _leaves(inputs: Any) -> list[Any]:
+    return pytree.tree_leaves(dict(inputs) if isinstance(inputs, Mapping) else inputs)
+
+
 def batch_size(inputs: Any) -> int:
-    """The size of the first axis of the first tensor in ``inputs``."""
-    tensors = [
-        x
-        for x in pytree.tree_leaves(dict(inputs) if isinstance(inputs, Mapping) else inputs)
-        if isinstance(x, torch.Tensor) and x.dim() > 0
-    ]
+    """The number of items: the images of a list of images, else the first axis of the first tensor."""
+    if is_image_list(inputs):
+        return len(inputs)
+    tensors = [x for x in _leaves(inputs) if isinstance(x, torch.Tensor) and x.dim() > 0]
     if not tensors:
-        raise ValueError("the inputs must hold a tensor with a batch axis")
+        raise TypeError(f"`inputs` must hold a tensor with a batch axis: {_FORMS}; got {type(inputs).__name__}")
     return int(tensors[0].shape[0])
+
+
+def device_of(inputs: Any) -> torch.device:
+    """The device of the first tensor in ``inputs`` (the CPU when there is none)."""
+    tensors = [x for x in _leaves(inputs) if isinstance(x, torch.Tensor)]
+    return tensors[0].device if tensors else torch.device("cpu")
+
+
+def image_size(inputs: Any) -> tuple[int, int] | None:
+    """The ``(H, W)`` of the images in ``inputs``, or ``None`` (no images, or a list of images of several sizes).
+
+    Images are a 4-D tensor, ``pixel_values``, the first 4-D tensor of a tuple, or the images of a list.
+    """
+    if is_image_list(inputs):
+        sizes = {tuple(x.shape[-2:]) for x in inputs}
+        return (int(next(iter(sizes))[0]), int(next(iter(sizes))[1])) if len(sizes) == 1 else None
+    if isinstance(inputs, Mapping):
+        inputs = inputs.get("pixel_values")
+    if isinstance(inputs, (tuple, list)):
+        inputs = next((x for x in inputs if isinstance(x, torch.Tensor) and x.dim() == 4), None)
+    if isinstance(inputs, torch.Tensor) and inputs.dim() == 4:
+        return int(inputs.shape[-2]), int(inputs.shape[-1])
+    return None
+
+
+@dataclass
+class Batched:
+    """Inputs with a batch axis, and whether one was added to a single ``(C, H, W)`` image."""
+
+    inputs: Any
+    single: bool
+
+
+def batched(inputs: Any, model: nn.Module, *, images: bool) -> Batched:
+    """Add a batch axis to a single image: a 3-D tensor, or 3-D ``pixel_values``.
+
+    A 3-D tensor is an image when ``images`` says so (the CAMs), or when the model has an image stem of as many
+    channels (timm ``patch_embed``, torchvision ``conv_proj``, a HuggingFace config with ``num_channels``).
+    """
+    if isinstance(inputs, Mapping):
+        pixels = inputs.get("pixel_values")
+        if isinstance(pixels, torch.Tensor) and pixels.dim() == 3:
+            return Batched({**inputs, "pixel_values": pixels[None]}, True)
+        return Batched(inputs, False)
+    if isinstance(inputs, torch.Tensor) and inputs.dim() == 3 and inputs.is_floating_point():
+        if images or _takes_images(model, inputs):
+            return Batched(inputs[None], True)
+    if not isinstance(inputs, (torch.Tensor, tuple, list)):
+        raise TypeError(f"`inputs` must be {_FORMS}; got {type(inputs).__name__}")
+    return Batched(inputs, False)
+
+
+def _takes_images(model: nn.Module, x: torch.Tensor) -> bool:
+    """Whether a 3-D tensor is a ``(C, H, W)`` image for this model rather than a batch of token embeddings."""
+    channels = int(x.shape[0])
+    stem = getattr(model, "patch_embed", None)
+    proj = getattr(stem, "proj", None)
+    if isinstance(proj, nn.Conv2d):
+        return proj.in_channels == channels
+    conv = getattr(model, "conv_proj", None)
+    if isinstance(conv, nn.Conv2d):
+        return conv.in_channels == channels
+    config = getattr(model, "config", None)
+    return getattr(config, "num_channels", None) == channels and hasattr(config, "image_size")

@@ -2,26 +2,31 @@
 
 Common semantics (every class here):
 
-* ``cam(inputs, target)`` takes ``(B, C, H, W)`` (or ``(C, H, W)``, giving ``(H, W)``) and returns a float tensor
-  ``(B, H, W)`` in [0, 1] on the input's device: the map at the layer's resolution, bilinearly upsampled
-  (``align_corners=False``) to the input size, then min-max scaled per image (an all-zero map stays zero).
+* ``cam(inputs, target)`` takes images ``(B, C, H, W)`` (or one ``(C, H, W)`` image, giving ``(H, W)``), a tuple of
+  positional inputs, a dict or any ``Mapping`` of keyword inputs (a HuggingFace ``BatchFeature`` with
+  ``pixel_values``), or a list of ``(C, H, W)`` images (torchvision detection models), and returns a float tensor
+  ``(B, H, W)`` in [0, 1] on the inputs' device: the map at the layer's resolution, bilinearly upsampled
+  (``align_corners=False``) to the image size, then min-max scaled per image (an all-zero map stays zero).
   ``upsample=False`` keeps the layer's resolution; ``normalize=False`` returns the raw map.
-* ``target``: ``None`` (each item's top class), an int, a sequence of ints (one per item), or a callable
-  ``output -> (B,)`` scores. Class scores are the logits, before any softmax.
+* ``target``: ``None`` (each item's top class), an integer (Python, numpy, tensor), integers one per item, or a
+  callable ``output -> (B,)`` scores (:mod:`attribution.targets`). Class scores are the logits, before any softmax.
 * ``layer``: a name, a glob, a module, or a list; with several layers, ``cam(...)`` returns their fused map (the mean
   of the per-layer maps, each upsampled and min-max scaled, then min-max scaled again) and :meth:`layer_maps`
   returns each layer's map.
 * The activation used is the layer's true output, recorded before any in-place operation that follows (VGG's
   ``ReLU(inplace=True)``, ResNet's ``out += identity``). When the layer runs several times in one forward, the last
   call is used (with a warning) unless ``call=`` picks one.
+* No silent garbage: a warning says when an item's gradient at the layer is all zero (its map is all zero), when a
+  4-D output looks channels-last, and when the layer's grid is 1x1.
 * The model is left exactly as it was: train/eval flags, grad mode, ``requires_grad``, every ``.grad``, no hook. The
-  call itself runs the model in eval mode, without autograd up to the first target layer (nothing of the
-  backbone's graph is kept), and with autograd from there to the output.
+  call itself runs the model in eval mode (compiled models eagerly), without autograd up to the first target layer
+  (nothing of the backbone's graph is kept), and with autograd from there to the output.
 """
 
 from __future__ import annotations
 
-import warnings
+import math
+import re
 from collections.abc import Callable, Sequence
 from typing import Any, ClassVar
 
@@ -29,17 +34,14 @@ import torch
 from torch import nn
 from tqdm.auto import tqdm
 
-from hooks import HookManager, resolve
+from hooks import resolve
 
 from . import _cam_math as cm
-from ._guard import evaluating
-from ._targets import Target, check_target, class_indices, class_logits, target_scores
+from ._inputs import batch_size, batched, device_of, image_size
+from ._run import HookedRun, SiteTypeError, describe, did_not_run, eager_module, kept_state, no_dependence, warn
+from .targets import Target, check_target, class_indices, class_logits, target_scores
 
 Reshape = str | Callable[[torch.Tensor], torch.Tensor] | None
-
-
-class _TargetLayerError(Exception):
-    """Raised from inside our hook; converted to a clear error once the forward has unwound."""
 
 
 class _CAM:
@@ -57,15 +59,15 @@ class _CAM:
     ) -> None:
         if not isinstance(model, nn.Module):
             raise TypeError(f"`model` must be a torch.nn.Module; got {type(model).__name__}")
-        self.model = model
-        self.layers = [name for name, _ in resolve(model, layer, what="`layer`")]
+        self.model = eager_module(model)  # torch.compile(model): its module, run eagerly (hooks need that)
+        self.layers = [name for name, _ in resolve(self.model, layer, what="`layer`")]
         self.reshape = reshape
         self.call = call
-        self.prefix_tokens = getattr(model, "num_prefix_tokens", None)  # timm ViTs say how many tokens precede the grid
+        self.prefix_tokens = getattr(self.model, "num_prefix_tokens", None)  # timm ViTs: tokens before the grid
 
     # -- public API ------------------------------------------------------------------------------------------
     def __call__(
-        self, inputs: torch.Tensor, target: Target = None, *, upsample: bool = True, normalize: bool = True
+        self, inputs: Any, target: Target = None, *, upsample: bool = True, normalize: bool = True
     ) -> torch.Tensor:
         """Compute the map of ``target`` for ``inputs``; see the module documentation for the exact semantics.
 
@@ -75,104 +77,92 @@ class _CAM:
         maps = self.layer_maps(inputs, target, upsample=upsample, normalize=normalize and not several)
         if not several:
             return next(iter(maps.values()))
-        return self._fuse(list(maps.values()), inputs)
+        fused = self._fuse([m[None] if m.dim() == 2 else m for m in maps.values()])
+        return fused[0] if next(iter(maps.values())).dim() == 2 else fused
 
     def layer_maps(
-        self, inputs: torch.Tensor, target: Target = None, *, upsample: bool = True, normalize: bool = True
+        self, inputs: Any, target: Target = None, *, upsample: bool = True, normalize: bool = True
     ) -> dict[str, torch.Tensor]:
         """One map per target layer, by layer name (same options as calling the object)."""
-        batch, single = self._check_inputs(inputs)
-        check_target(target, batch.shape[0])
-        raw = self._raw_maps(batch, target)
+        given = batched(inputs, self.model, images=True)
+        batch = batch_size(given.inputs)
+        check_target(target, batch)
+        size = image_size(given.inputs)
+        if upsample and size is None:
+            raise ValueError(
+                f"`upsample=True` takes the maps' size from the images, but `inputs` {describe(inputs)} holds none: "
+                "images are (B, C, H, W) or (C, H, W) tensors, pixel_values, or a list of (C, H, W) images of one "
+                "size. Pass upsample=False for maps at the layer's grid"
+            )
+        raw = self._raw_maps(given.inputs, target, size)
         out = {}
         for name, m in raw.items():
             if upsample:
-                m = cm.upsample(m, tuple(batch.shape[-2:]))
+                assert size is not None
+                m = cm.upsample(m, size)
             if normalize:
                 m = cm.minmax(m)
-            m = m.to(inputs.device)
-            out[name] = m[0] if single else m
+            m = m.to(device_of(inputs))
+            out[name] = m[0] if given.single else m
         return out
 
     # -- machinery -------------------------------------------------------------------------------------------
-    def _check_inputs(self, inputs: torch.Tensor) -> tuple[torch.Tensor, bool]:
-        if not isinstance(inputs, torch.Tensor):
-            raise TypeError(f"`inputs` must be a tensor (B, C, H, W) or (C, H, W); got {type(inputs).__name__}")
-        if inputs.dim() == 3:
-            return inputs[None], True
-        if inputs.dim() != 4:
-            raise ValueError(f"`inputs` must be (B, C, H, W) or (C, H, W); got shape {tuple(inputs.shape)}")
-        return inputs, False
-
-    def _fuse(self, maps: list[torch.Tensor], inputs: torch.Tensor) -> torch.Tensor:
+    def _fuse(self, maps: list[torch.Tensor]) -> torch.Tensor:
         size = max((tuple(m.shape[-2:]) for m in maps), key=lambda s: s[0] * s[1])
-        scaled = [cm.minmax(cm.upsample(m if m.dim() == 3 else m[None], size)) for m in maps]  # raw maps in
-        fused = cm.minmax(torch.stack(scaled).mean(dim=0))
-        return fused[0] if inputs.dim() == 3 else fused
+        scaled = [cm.minmax(cm.upsample(m, size)) for m in maps]
+        return cm.minmax(torch.stack(scaled).mean(dim=0))
 
-    def _run(
-        self, batch: torch.Tensor, target: Target, *, with_grad: bool
-    ) -> tuple[dict[str, list[torch.Tensor]], Any]:
-        """One forward capturing every call's output of every target layer; the graph starts at the first capture."""
+    def _run(self, inputs: Any, target: Target, *, with_grad: bool) -> tuple[dict[str, list[torch.Tensor]], Any]:
+        """One forward capturing every call's output of every target layer; the graph starts at the first capture.
+
+        With gradients, returns ``{name: [activation, gradient]}`` of the chosen call of each layer; without, every
+        call's activation.
+        """
         captured: dict[str, list[torch.Tensor]] = {name: [] for name in self.layers}
-        started = False
+        with HookedRun(self.model, type(self).__name__, with_grad=with_grad) as run:
 
-        def capture(module: nn.Module, args: Any, output: Any, *, name: str) -> Any:
-            nonlocal started
-            tensor = output[0] if isinstance(output, (tuple, list)) else output
-            if not isinstance(tensor, torch.Tensor) or not tensor.is_floating_point():
-                raise _TargetLayerError(
-                    f"`layer` {name!r} returned {type(output).__name__}; CAMs need a floating-point tensor output"
-                )
-            if with_grad and (not started or not tensor.requires_grad):
-                # the graph starts at the first capture: nothing before it is kept. A later capture that does not
-                # depend on an earlier one (a parallel branch, with frozen parameters) starts its own.
-                tensor = tensor.detach().requires_grad_(True)
-                torch.set_grad_enabled(True)
-                started = True
-            captured[name].append(tensor)
-            replacement = tensor.clone()  # what runs on is a copy: later in-place ops must not touch the capture
-            if isinstance(output, (tuple, list)):
-                return type(output)([replacement, *output[1:]])
-            return replacement
+            def capture(module: nn.Module, args: Any, output: Any, *, name: str) -> Any:
+                tensor = output[0] if isinstance(output, (tuple, list)) else output
+                if not isinstance(tensor, torch.Tensor) or not tensor.is_floating_point():
+                    keys = f" with entries {list(output)}" if isinstance(output, dict) else ""
+                    raise SiteTypeError(
+                        f"`layer` {name!r} returned {type(output).__name__}{keys}; CAMs need a floating-point tensor "
+                        "output (or a tuple whose first element is one): name a submodule that returns one"
+                    )
+                if tensor._base is not None or any(tensor is a for a in args):
+                    tensor = tensor.clone()  # a view of (or the same tensor as) an input the caller may change in place
+                tensor = run.leaf(tensor)
+                captured[name].append(tensor)
+                replacement = tensor.clone()  # what runs on is a copy: later in-place ops must not touch the capture
+                if isinstance(output, (tuple, list)):
+                    return type(output)([replacement, *output[1:]])
+                return replacement
 
-        with evaluating(self.model), HookManager(self.model) as mgr:
-            mgr.group(f"{type(self).__name__}").forward(self.layers, capture)
-            torch.set_grad_enabled(False)
-            try:
-                output = self.model(batch)
-            except _TargetLayerError as exc:
-                raise ValueError(str(exc)) from None
-            except Exception as exc:
-                message = f"the model failed on `inputs` of shape {tuple(batch.shape)} ({batch.dtype}): {exc}"
-                clearer = _same_kind(exc, message)
-                if clearer is None:
-                    raise
-                raise clearer from exc
-            missing = [name for name, calls in captured.items() if not calls]
-            if missing:
-                raise ValueError(
-                    f"`layer` {missing[0]!r} did not run during the forward pass; choose a layer the model calls "
-                    "(see hooks.trace(model, inputs))"
-                )
-            if with_grad:
-                scores = target_scores(output, target, batch.shape[0])
-                chosen = self._chosen(captured)
-                if not scores.requires_grad:
-                    raise ValueError(f"the target score does not depend on `layer` {self.layers[0]!r}")
-                grads = torch.autograd.grad(scores.sum(), [chosen[n] for n in self.layers], allow_unused=True)
-                return {n: [chosen[n].detach(), g] for n, g in zip(self.layers, grads, strict=True)}, output
-            return {n: [a.detach() for a in calls] for n, calls in captured.items()}, output
+            run.group.forward(self.layers, capture)
+            output = run.forward(inputs)
+            for name, calls in captured.items():
+                if not calls:
+                    raise did_not_run("`layer`", name)
+            if not with_grad:
+                return {n: [a.detach() for a in calls] for n, calls in captured.items()}, output
+            scores = target_scores(output, target, batch_size(inputs))
+            chosen = self._chosen(captured)
+            grads = run.gradients(scores, [chosen[n] for n in self.layers], "`layer`", self.layers)
+            result = {}
+            for name, grad in zip(self.layers, grads, strict=True):
+                if grad is None:
+                    raise no_dependence("`layer`", name, scores, checkpointed=run.checkpointed)
+                result[name] = [chosen[name].detach(), grad]
+            return result, output
 
     def _chosen(self, captured: dict[str, list[torch.Tensor]]) -> dict[str, torch.Tensor]:
         chosen = {}
         for name, calls in captured.items():
             if self.call is None:
                 if len(calls) > 1:
-                    warnings.warn(
+                    warn(
                         f"`layer` {name!r} ran {len(calls)} times in one forward; using its last call. Pass call=i "
-                        f"(0..{len(calls) - 1}) to choose",
-                        stacklevel=4,
+                        f"(0..{len(calls) - 1}) to choose"
                     )
                 chosen[name] = calls[-1]
             else:
@@ -183,17 +173,52 @@ class _CAM:
                 chosen[name] = calls[self.call]
         return chosen
 
-    def _grid(self, x: torch.Tensor) -> torch.Tensor:
-        return cm.to_grid(x, self.prefix_tokens, self.reshape)
+    def _grid(self, x: torch.Tensor, name: str, size: tuple[int, int] | None, *, check: bool = True) -> torch.Tensor:
+        """The layer output as ``(batch, channels, h, w)``; warns when it looks channels-last or is one cell."""
+        if check and self.reshape is None and x.dim() == 4 and _looks_channels_last(tuple(x.shape), size):
+            warn(
+                f"`layer` {name!r} returned {tuple(x.shape)}, which looks channels-last (batch, h, w, channels), as "
+                "Swin stages are: read as channels-first, the map would be stripes. Pass reshape='b h w c -> b c h w'"
+            )
+        grid = cm.to_grid(x, self.prefix_tokens, self.reshape)
+        if check and tuple(grid.shape[-2:]) == (1, 1):
+            warn(
+                f"`layer` {name!r} has a 1x1 grid {tuple(grid.shape)}: its map is one value per image, all zeros once "
+                "min-max scaled. Choose the last layer that still has a spatial grid (before global pooling, e.g. "
+                "'layer4' rather than 'avgpool')"
+            )
+        return grid
 
-    def _raw_maps(self, batch: torch.Tensor, target: Target) -> dict[str, torch.Tensor]:
-        captured, _ = self._run(batch, target, with_grad=True)
+    def _raw_maps(self, inputs: Any, target: Target, size: tuple[int, int] | None) -> dict[str, torch.Tensor]:
+        captured, _ = self._run(inputs, target, with_grad=True)
         maps = {}
         for name, (acts, grads) in captured.items():
-            if grads is None:
-                raise ValueError(f"the target score does not depend on `layer` {name!r}")
-            maps[name] = self._map(self._grid(acts).float(), self._grid(grads).float())
+            grid_acts = _precise(self._grid(acts, name, size))
+            grid_grads = _precise(self._grid(grads, name, size, check=False))
+            self._check_gradients(name, acts, grid_grads)
+            maps[name] = self._map(grid_acts, grid_grads)
         return maps
+
+    def _check_gradients(self, name: str, acts: torch.Tensor, grads: torch.Tensor) -> None:
+        """Warn about items whose gradient at the layer is all zero: their maps are all zero, whatever the method."""
+        zero = (grads.flatten(1).abs().amax(1) == 0).nonzero().flatten().tolist()
+        if not zero:
+            return
+        items = f"item {zero[0]}" if len(zero) == 1 else f"items {zero[:8]}" + ("..." if len(zero) > 8 else "")
+        message = f"the gradient of the target score at `layer` {name!r} is zero for {items}: the map is all zeros. "
+        if acts.dim() == 3:
+            earlier = _earlier_layers(self.model, name)
+            message += (
+                "This is a token layer after the last token mixing: the head reads only the class token, so the "
+                "patch tokens get no gradient. Name a layer before the last token mixing (attention)"
+                + (", e.g. " + " or ".join(repr(n) for n in earlier) if earlier else "")
+            )
+        else:
+            message += (
+                "The score does not use this layer's output for them (a branch the output ignores, a target that "
+                "matched nothing, a ReLU that cut everything): choose a layer on the path to the score"
+            )
+        warn(message)
 
     def _map(self, acts: torch.Tensor, grads: torch.Tensor) -> torch.Tensor:
         raise NotImplementedError
@@ -202,12 +227,36 @@ class _CAM:
         return f"{type(self).__name__}({type(self.model).__name__}, layers={self.layers})"
 
 
-def _same_kind(exc: Exception, message: str) -> Exception | None:
-    """The same exception type with a clearer message, where the type can be built from a message."""
-    try:
-        return type(exc)(message)
-    except Exception:
-        return None
+def _precise(x: torch.Tensor) -> torch.Tensor:
+    """Maps are computed in float64 for a float64 model, else in float32 (half and bfloat16 upcast)."""
+    return x if x.dtype == torch.float64 else x.float()
+
+
+def _looks_channels_last(shape: tuple[int, ...], size: tuple[int, int] | None) -> bool:
+    """Whether ``(b, d1, d2, d3)`` is more likely ``(b, h, w, c)`` than ``(b, c, h, w)``.
+
+    That is: ``(d1, d2)`` has the image's aspect ratio (a square without an image) and ``(d2, d3)`` does not.
+    """
+    _, d1, d2, d3 = shape
+    aspect = size[0] / size[1] if size is not None else 1.0
+
+    def fits(h: int, w: int) -> bool:
+        return abs(math.log(h / w) - math.log(aspect)) < 0.25 if h > 0 and w > 0 else False
+
+    return fits(d1, d2) and not fits(d2, d3)
+
+
+def _earlier_layers(model: nn.Module, name: str) -> list[str]:
+    """Layers before the last token mixing of a block ``name``: the previous block and the block's first norm."""
+    found = []
+    numbered = re.fullmatch(r"(.*?)(\d+)", name)
+    if numbered and int(numbered[2]) > 0:
+        found.append(f"{numbered[1]}{int(numbered[2]) - 1}")
+    module = model.get_submodule(name)
+    norms = [child for child, _ in module.named_children() if "norm" in child.lower()]
+    if norms:
+        found.append(f"{name}.{norms[0]}")
+    return found
 
 
 class GradCAM(_CAM):
@@ -281,16 +330,15 @@ class LayerCAM(_CAM):
     def _map(self, acts: torch.Tensor, grads: torch.Tensor) -> torch.Tensor:
         return cm.layercam(acts, grads)
 
-    def _fuse(self, maps: list[torch.Tensor], inputs: torch.Tensor) -> torch.Tensor:
+    def _fuse(self, maps: list[torch.Tensor]) -> torch.Tensor:
         """The paper's fusion: each map scaled by ``tanh(2 M / max M)``, then the elementwise maximum."""
         size = max((tuple(m.shape[-2:]) for m in maps), key=lambda s: s[0] * s[1])
         scaled = []
         for m in maps:
-            m = cm.upsample(m if m.dim() == 3 else m[None], size)
+            m = cm.upsample(m, size)
             top = m.flatten(1).amax(1).clamp(min=1e-12).view(-1, 1, 1)
             scaled.append(torch.tanh(2 * m / top))
-        fused = cm.minmax(torch.stack(scaled).amax(dim=0))
-        return fused[0] if inputs.dim() == 3 else fused
+        return cm.minmax(torch.stack(scaled).amax(dim=0))
 
 
 class EigenCAM(_CAM):
@@ -303,10 +351,10 @@ class EigenCAM(_CAM):
 
     uses_gradients = False
 
-    def _raw_maps(self, batch: torch.Tensor, target: Target) -> dict[str, torch.Tensor]:
-        captured, _ = self._run(batch, None, with_grad=False)
+    def _raw_maps(self, inputs: Any, target: Target, size: tuple[int, int] | None) -> dict[str, torch.Tensor]:
+        captured, _ = self._run(inputs, None, with_grad=False)
         chosen = self._chosen(captured)
-        return {name: cm.eigencam(self._grid(acts).float()) for name, acts in chosen.items()}
+        return {name: cm.eigencam(_precise(self._grid(acts, name, size))) for name, acts in chosen.items()}
 
 
 class ScoreCAM(_CAM):
@@ -344,16 +392,22 @@ class ScoreCAM(_CAM):
         self.batch_size = batch_size
         self.progress = progress
 
-    def _raw_maps(self, batch: torch.Tensor, target: Target) -> dict[str, torch.Tensor]:
+    def _raw_maps(self, inputs: Any, target: Target, size: tuple[int, int] | None) -> dict[str, torch.Tensor]:
+        if not isinstance(inputs, torch.Tensor) or inputs.dim() != 4:
+            raise TypeError(
+                "Score-CAM masks the input image: `inputs` must be an image tensor (B, C, H, W) or (C, H, W); got "
+                f"{type(inputs).__name__}"
+            )
+        batch = inputs
         captured, output = self._run(batch, None, with_grad=False)
-        chosen = {name: self._grid(a).float() for name, a in self._chosen(captured).items()}
+        chosen = {name: _precise(self._grid(a, name, size)) for name, a in self._chosen(captured).items()}
         index = None if callable(target) else class_indices(class_logits(output), target, batch.shape[0])
-        size = tuple(batch.shape[-2:])
         maps = {}
-        with evaluating(self.model), torch.no_grad():
+        assert size is not None
+        with kept_state(self.model), torch.no_grad():
             for name, acts in chosen.items():
                 b, k = acts.shape[:2]
-                weights = torch.empty(b, k)
+                weights = torch.empty(b, k, dtype=acts.dtype)
                 steps = [(i, j) for i in range(b) for j in range(0, k, self.batch_size)]
                 for i, j in tqdm(steps, desc=f"Score-CAM {name}", disable=not self.progress, leave=False):
                     masks = cm.minmax(cm.upsample(acts[i, j : j + self.batch_size], size))  # built chunk by chunk
@@ -363,6 +417,6 @@ class ScoreCAM(_CAM):
                         scores = target(out)
                     else:
                         scores = class_logits(out).softmax(dim=1)[:, index[i]]
-                    weights[i, j : j + masks.shape[0]] = scores.float().cpu()
+                    weights[i, j : j + masks.shape[0]] = scores.to(weights.dtype).cpu()
                 maps[name] = cm.weighted(acts, weights.to(acts.device))
         return maps

@@ -1,8 +1,11 @@
 """Activation patching for any ``nn.Module``: record activations, patch them in, sweep over layers/positions/heads.
 
-A *site* is the output (or the first positional input) of a named module; for modules that return tuples,
-``element`` picks the tensor (an attention block returning ``(out, weights)``: ``element=0``). Positions index the
-activation's axis 1 (``(batch, tokens, ...)``); heads are read through an einops pattern that splits the last axis,
+A *site* is the output (or the first input) of a named module; for modules that return tuples, mappings or
+HuggingFace ``ModelOutput`` objects, ``element`` picks the tensor (an attention block returning ``(out, weights)``:
+``element=0``; a ``ModelOutput``: ``element="last_hidden_state"``). For ``site="input"`` the site is the module's
+first argument as called (positional, else the first keyword argument), and ``element`` names another one (a
+position, or a parameter name such as ``"hidden_states"``). Positions index the activation's axis 1
+(``(batch, tokens, ...)``); heads are read through an einops pattern that splits the last axis,
 ``"b t (h d) -> b t h d"`` by default.
 """
 
@@ -23,8 +26,8 @@ from tqdm.auto import tqdm
 from hooks import HookManager, resolve
 from hooks import ModuleTarget as Target
 
-from ._guard import evaluating
-from ._inputs import batch_size, call
+from ._inputs import batch_size, batched
+from ._run import Element, HookedRun, Threads, did_not_run, eager_if_compiled, eager_module, hook_site
 
 Site = Literal["output", "input"]
 Index = tuple[Any, ...]
@@ -32,27 +35,6 @@ DEFAULT_HEAD_PATTERN = "b t (h d) -> b t h d"
 
 
 # -- pure helpers ----------------------------------------------------------------------------------------------
-def _select(value: Any, element: int | None, where: str) -> torch.Tensor:
-    if element is not None:
-        if not isinstance(value, (tuple, list)):
-            raise TypeError(f"{where} is a {type(value).__name__}, not a tuple: `element`={element} does not apply")
-        if not -len(value) <= element < len(value):
-            raise IndexError(f"`element`={element}, but {where} is a tuple of {len(value)}")
-        value = value[element]
-    if not isinstance(value, torch.Tensor):
-        hint = " (it is a tuple: pass element=i to choose)" if isinstance(value, (tuple, list)) else ""
-        raise TypeError(f"{where} is a {type(value).__name__}, not a tensor{hint}")
-    return value
-
-
-def _put(value: Any, element: int | None, tensor: torch.Tensor) -> Any:
-    if element is None:
-        return tensor
-    items = list(value)
-    items[element] = tensor
-    return type(value)(*items) if hasattr(value, "_fields") else type(value)(items)  # named tuples too
-
-
 def _inverse(pattern: str) -> str:
     left, right = pattern.split("->")
     return f"{right.strip()} -> {left.strip()}"
@@ -110,13 +92,27 @@ def replace(
 # -- record and patch ------------------------------------------------------------------------------------------
 @contextmanager
 def record(
-    model: nn.Module, layers: Target, *, site: Site = "output", element: int | None = None
+    model: nn.Module,
+    layers: Target,
+    *,
+    site: Site = "output",
+    element: Element = None,
+    threads: Threads = "current",
 ) -> Iterator[Recorded]:
     """Record the activations of ``layers`` during the runs inside the ``with`` block.
 
     Yields a dict ``name -> tensor`` (detached copies, taken before any later in-place operation), filled as the
     model runs; a module that runs several times in one forward keeps its last call there, and every call is in
     ``acts.calls[name]`` (a list, in call order, restarted at each forward of the model).
+
+    Args:
+        model: the model (a ``torch.compile`` d model: the module it wraps).
+        layers: module names, globs, module objects, or a list of them.
+        site: ``"output"`` or ``"input"`` (see the module documentation).
+        element: for tuple, mapping or ``ModelOutput`` sites, the tensor to record (an index or a name); for
+            ``site="input"``, the argument (a position or a parameter name).
+        threads: ``"current"`` records the forwards of this thread only; ``"all"`` those of every thread (needed
+            when the model runs in another thread: a thread pool, a web handler, ``nn.DataParallel``).
 
     Example:
         >>> model = torch.nn.Sequential(torch.nn.Linear(3, 3), torch.nn.ReLU(inplace=True))
@@ -126,17 +122,18 @@ def record(
         (['0'], torch.Size([2, 3]))
     """
     _check_site(site)
+    _check_threads(threads)
     acts = Recorded()
 
-    def keep(value: Any, name: str, call: int) -> None:
-        tensor = _select(value, element, f"the {site} of {name!r}").detach().clone()
-        acts[name] = tensor
+    def keep(tensor: torch.Tensor, name: str, call: int) -> None:
+        copy = tensor.detach().clone()  # the module's own tensor may be changed in place later
+        acts[name] = copy
         calls = acts.calls.setdefault(name, [])
         del calls[call:]
-        calls.append(tensor)
+        calls.append(copy)
 
-    with HookManager(model) as mgr:
-        _hook_site(mgr.group("record"), layers, site, element, keep)
+    with eager_if_compiled(model), HookManager(eager_module(model)) as mgr:
+        hook_site(mgr.group("record", threads=threads), layers, site, element, keep)
         yield acts
 
 
@@ -146,31 +143,6 @@ class Recorded(dict[str, torch.Tensor]):
     def __init__(self) -> None:
         super().__init__()
         self.calls: dict[str, list[torch.Tensor]] = {}
-
-
-def _hook_site(group: Any, layers: Target, site: Site, element: int | None, fn: Callable[[Any, str, int], Any]) -> None:
-    """Call ``fn(value, name, call)`` at each module's site; a value it returns replaces the site's value.
-
-    ``value`` is the output, or for ``site="input"`` the first positional argument (the whole argument tuple when
-    ``element`` picks one of them); ``call`` counts the module's calls within one forward of the model.
-    """
-    if site == "output":
-        group.forward(layers, lambda module, args, output, *, name, call: fn(output, name, call))
-        return
-
-    def before(module: nn.Module, args: tuple[Any, ...], *, name: str, call: int) -> Any:
-        if element is not None:
-            return fn(args, name, call)
-        new = fn(_first(args, name), name, call)
-        return None if new is None else (new, *args[1:])
-
-    group.forward_pre(layers, before)
-
-
-def _first(args: tuple[Any, ...], name: str) -> Any:
-    if not args:
-        raise TypeError(f"{name!r} was called without positional arguments: site='input' patches the first one")
-    return args[0]
 
 
 @dataclass
@@ -183,14 +155,15 @@ class Patch:
         index: where to patch in the (viewed) activation, e.g. ``(slice(None), 3)`` for position 3; ``()`` = all.
         pattern: einops pattern viewing the activation before indexing, e.g. ``"b t (h d) -> b t h d"``.
         sizes: axis sizes for ``pattern`` (``{"h": 8}``).
-        element: for modules returning tuples, which element is the site.
+        element: for tuple, mapping or ``ModelOutput`` sites, which tensor is the site (an index or a name); for
+            ``site="input"``, which argument (a position or a parameter name).
     """
 
     value: torch.Tensor | Callable[[torch.Tensor], torch.Tensor]
     index: Index = ()
     pattern: str | None = None
     sizes: dict[str, int] = field(default_factory=dict)
-    element: int | None = None
+    element: Element = None
 
 
 @contextmanager
@@ -199,13 +172,16 @@ def patch(
     patches: Mapping[str, Patch | torch.Tensor | Callable[[torch.Tensor], torch.Tensor]],
     *,
     site: Site = "output",
+    threads: Threads = "current",
 ) -> Iterator[None]:
     """Replace the activations of named modules during the runs inside the ``with`` block.
 
     Args:
         model: the model.
         patches: module name -> :class:`Patch`, or directly a tensor or a function of the activation.
-        site: patch the module's ``"output"`` or its first positional ``"input"``.
+        site: patch the module's ``"output"`` or its ``"input"`` (see the module documentation).
+        threads: ``"current"`` patches the forwards of this thread only; ``"all"`` those of every thread (needed
+            when the model runs in another thread: a thread pool, a web handler, ``nn.DataParallel``).
 
     Example:
         >>> model = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.ReLU())
@@ -214,25 +190,29 @@ def patch(
         tensor([[0., 0.]])
     """
     _check_site(site)
+    _check_threads(threads)
+    model = eager_module(model)
     specs = {
         name: p if isinstance(p, Patch) else Patch(p)
         for key, p in patches.items()
         for name, _ in resolve(model, key, what="`patches` key")  # names, globs and modules all expand to names
     }
 
-    def patched(value: Any, name: str, call: int) -> Any:
+    def patched(current: torch.Tensor, name: str, call: int) -> torch.Tensor:
         spec = specs[name]
-        current = _select(value, spec.element, f"the {site} of {name!r}")
-        return _put(
-            value, spec.element, replace(current, spec.value, spec.index, pattern=spec.pattern, sizes=spec.sizes)
-        )
+        return replace(current, spec.value, spec.index, pattern=spec.pattern, sizes=spec.sizes)
 
-    with HookManager(model) as mgr:
-        group = mgr.group("patch")
-        for element in {spec.element for spec in specs.values()}:
+    with eager_if_compiled(model), HookManager(model) as mgr:
+        group = mgr.group("patch", threads=threads)
+        for element in dict.fromkeys(spec.element for spec in specs.values()):
             names = [name for name, spec in specs.items() if spec.element == element]
-            _hook_site(group, names, site, element, patched)
+            hook_site(group, names, site, element, patched)
         yield
+
+
+def _check_threads(threads: str) -> None:
+    if threads not in ("current", "all"):
+        raise ValueError(f"`threads` must be 'current' or 'all'; got {threads!r}")
 
 
 def _check_site(site: str) -> None:
@@ -256,7 +236,7 @@ def activation_patching(
     metric: Callable[[Any], torch.Tensor],
     *,
     site: Site = "output",
-    element: int | None = None,
+    element: Element = None,
     positions: bool | Sequence[int] = True,
     heads: int | None = None,
     head_pattern: str = DEFAULT_HEAD_PATTERN,
@@ -317,22 +297,21 @@ def activation_patching(
         raise ValueError(f"`direction` must be 'denoise' or 'noise'; got {direction!r}")
     if cells_per_forward < 1:
         raise ValueError(f"`cells_per_forward` must be at least 1; got {cells_per_forward}")
+    model = eager_module(model)
+    clean, corrupted = _plain(clean, model), _plain(corrupted, model)
     _check_same_shapes(clean, corrupted)
     names = [name for name, _ in _ordered(model, layers)]
     batch = batch_size(clean)
 
     source_input, target_input = (clean, corrupted) if direction == "denoise" else (corrupted, clean)
-    with evaluating(model), torch.no_grad():
+    with HookedRun(model, "activation-patching") as run:
         # the run whose activations are patched in; the other unpatched run only when normalising needs its metric
         with record(model, names, site=site, element=element) as source:
-            source_metric = _checked_metric(metric, call(model, source_input), per_example, batch)
-        silent = [name for name in names if name not in source]
-        if silent:
-            raise ValueError(
-                f"`layers` {silent[0]!r} did not run as a module during the forward (a parent may use its weights "
-                "directly, as nn.MultiheadAttention does with out_proj); see hooks.trace(model, inputs)"
-            )
-        target_metric = _checked_metric(metric, call(model, target_input), per_example, batch) if normalize else None
+            source_metric = _checked_metric(metric, run.forward(source_input), per_example, batch)
+        for name in names:
+            if name not in source:
+                raise did_not_run("`layers`", name)
+        target_metric = _checked_metric(metric, run.forward(target_input), per_example, batch) if normalize else None
         axes = _view_axes(head_pattern if heads else None, positions is not False)
         cells, shape = _cells(names, source, positions, heads, head_pattern, axes)
         sizes = {"h": heads} if heads else {}
@@ -340,12 +319,11 @@ def activation_patching(
 
         plan: list[tuple[int, _Cell]] = []  # (chunk, cell) of the forward being run
 
-        def patch_site(value: Any, name: str, call_index: int) -> Any:
+        def patch_site(current: torch.Tensor, name: str, call_index: int) -> torch.Tensor:
             layer = names.index(name)
             calls = source.calls[name]
             if call_index >= len(calls):
                 raise RuntimeError(f"{name!r} ran more often than in the reference run ({len(calls)} call(s))")
-            current = _select(value, element, f"the {site} of {name!r}")
             for chunk, cell in plan:
                 if cell.layer != layer:
                     continue
@@ -358,20 +336,19 @@ def activation_patching(
                     sizes=sizes,
                     source_index=_cell_index(axes, slice(None), cell),
                 )
-            return _put(value, element, current)
+            return current
 
-        with HookManager(model) as mgr:
-            _hook_site(mgr.group("activation-patching"), names, site, element, patch_site)
-            steps = range(0, len(cells), cells_per_forward)
-            for start in tqdm(steps, desc="activation patching", disable=not progress, leave=False):
-                chunk_cells = cells[start : start + cells_per_forward]
-                plan[:] = list(enumerate(chunk_cells))
-                out = call(model, _repeat(target_input, len(chunk_cells), batch))
-                for chunk, _ in plan:
-                    rows = slice(chunk * batch, (chunk + 1) * batch)
-                    part = _rows(out, rows, batch * len(chunk_cells)) if len(chunk_cells) > 1 else out
-                    values[start + chunk] = _checked_metric(metric, part, per_example, batch).float().cpu()
-            plan.clear()
+        hook_site(run.group, names, site, element, patch_site)
+        steps = range(0, len(cells), cells_per_forward)
+        for start in tqdm(steps, desc="activation patching", disable=not progress, leave=False):
+            chunk_cells = cells[start : start + cells_per_forward]
+            plan[:] = list(enumerate(chunk_cells))
+            out = run.forward(_repeat(target_input, len(chunk_cells), batch))
+            for chunk, _ in plan:
+                rows = slice(chunk * batch, (chunk + 1) * batch)
+                part = _rows(out, rows, batch * len(chunk_cells)) if len(chunk_cells) > 1 else out
+                values[start + chunk] = _checked_metric(metric, part, per_example, batch).float().cpu()
+        plan.clear()
 
     result = values.view(*shape, *((batch,) if per_example else ()))
     if target_metric is not None:  # 0 = the unpatched run, 1 = the run the activations come from
@@ -454,6 +431,12 @@ def _cells(
     cells = [_Cell(layer, p, h) for layer, p, h in itertools.product(range(len(names)), pos, head_list)]
     shape = (len(names),) + ((len(pos),) if positions is not False else ()) + ((heads,) if heads else ())
     return cells, shape
+
+
+def _plain(inputs: Any, model: nn.Module) -> Any:
+    """Inputs as plain containers (a ``BatchFeature`` as a dict), a single image with a batch axis."""
+    inputs = batched(inputs, model, images=False).inputs
+    return dict(inputs) if isinstance(inputs, Mapping) else inputs
 
 
 def _check_same_shapes(clean: Any, corrupted: Any) -> None:

@@ -16,13 +16,12 @@ import einops
 import torch
 from torch import nn
 
-from hooks import HookManager, resolve
-from hooks import ModuleTarget as LayerTarget
+from hooks import ModuleTarget, resolve
 
 from . import _cam_math as cm
-from ._guard import evaluating
-from ._inputs import batch_size, call
-from ._targets import Target, check_target, target_scores
+from ._inputs import batch_size, batched
+from ._run import HookedRun, SiteValueError, eager_module, no_dependence
+from .targets import Target, check_target, target_scores
 
 Fusion = Literal["mean", "max", "min"]
 
@@ -143,7 +142,7 @@ class _Site:
     switch: nn.Module | None = None  # a timm Attention whose fused path is turned off for the call
 
 
-def find_attention(model: nn.Module, layers: LayerTarget | None = None) -> list[_Site]:
+def find_attention(model: nn.Module, layers: ModuleTarget | None = None) -> list[_Site]:
     """The attention sites of ``model``, in model order.
 
     Recognised without help: timm ``Attention`` modules (``fused_attn``, probabilities through ``attn_drop``),
@@ -208,10 +207,11 @@ def _set_attn_implementation(config: Any, value: str | None) -> None:
 class _Rollout:
     """Capture the attention maps of one forward, then turn them into relevances."""
 
-    def __init__(self, model: nn.Module, *, layers: LayerTarget | None = None) -> None:
+    def __init__(self, model: nn.Module, *, layers: ModuleTarget | None = None) -> None:
         if not isinstance(model, nn.Module):
             raise TypeError(f"`model` must be a torch.nn.Module; got {type(model).__name__}")
-        self.model = model
+        self.model = eager_module(model)  # torch.compile(model): its module, run eagerly (hooks need that)
+        model = self.model
         self.sites = find_attention(model, layers)
         self.prefix_tokens = int(getattr(model, "num_prefix_tokens", 1))
         if self.prefix_tokens == 0:
@@ -221,12 +221,13 @@ class _Rollout:
                 "rollout to aggregate as you see fit"
             )
 
-    def _capture(self, inputs: Any, *, with_grad: bool) -> tuple[list[torch.Tensor], list[torch.Tensor], Any]:
+    def _capture(
+        self, inputs: Any, *, with_grad: bool, target: Target = None
+    ) -> tuple[list[torch.Tensor], list[torch.Tensor], Any]:
         """One forward; returns the attention maps (B, H, T, T), the tensors to differentiate, and the output."""
         maps: list[torch.Tensor] = []
         graph: list[torch.Tensor] = []
         asked: list[tuple[bool, bool]] = []  # what each nn.MultiheadAttention call asked for: need, average
-        started = False
 
         def before_mha(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
             kwargs = {**dict(zip(_MHA_ARGUMENTS[3:], args[3:], strict=False)), **kwargs}  # positional options too
@@ -234,17 +235,9 @@ class _Rollout:
             return args[:3], {**kwargs, "need_weights": True, "average_attn_weights": False}
 
         def start_graph(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-            nonlocal started
-            if not with_grad or started:
+            if not with_grad or run.started:
                 return None
-            started = True
-            torch.set_grad_enabled(True)  # the backbone before the first attention keeps no graph
-
-            def leaf(x: Any) -> Any:
-                floating = isinstance(x, torch.Tensor) and x.is_floating_point()
-                return x.detach().requires_grad_(True) if floating else x
-
-            return tuple(leaf(a) for a in args), {k: leaf(v) for k, v in kwargs.items()}
+            return run.leaf(args), run.leaf(kwargs)  # the backbone before the first attention keeps no graph
 
         def after(module: nn.Module, args: tuple[Any, ...], output: Any, *, name: str) -> Any:
             site = next(s for s in self.sites if s.name == name)
@@ -258,7 +251,7 @@ class _Rollout:
                 return output[0], shown
             probs = output[1] if site.kind == "hf" else _probabilities(output, name)
             if not isinstance(probs, torch.Tensor) or probs.dim() != 4:
-                raise ValueError(
+                raise SiteValueError(
                     f"`layers` {name!r} gave {type(probs).__name__} {tuple(getattr(probs, 'shape', ()))}; attention "
                     "probabilities (batch, heads, tokens, tokens) were expected"
                 )
@@ -268,24 +261,29 @@ class _Rollout:
             return None
 
         names = [s.name for s in self.sites]
-        with evaluating(self.model), _attention_visible(self.model), HookManager(self.model) as mgr:
-            group = mgr.group(type(self).__name__)
+        with HookedRun(self.model, type(self).__name__, with_grad=with_grad) as run, _attention_visible(self.model):
             mha = [s.name for s in self.sites if s.kind == "mha"]
             if mha:
-                group.forward_pre(mha, before_mha, with_kwargs=True)
+                run.group.forward_pre(mha, before_mha, with_kwargs=True)
             owners = [s.name.rsplit(".", 1)[0] if s.switch is not None else s.name for s in self.sites]
-            group.forward_pre(owners[0], start_graph, with_kwargs=True)
-            group.forward(names, after)
-            torch.set_grad_enabled(False)
-            output = call(self.model, inputs)
+            run.group.forward_pre(owners[0], start_graph, with_kwargs=True)
+            run.group.forward(names, after)
+            output = run.forward(inputs)
             if not maps:  # a module used several times gives one map per call, chained in call order
                 raise ValueError(
                     f"no attention map appeared in the forward ({len(self.sites)} attention module(s) were found but "
                     "none ran); pass layers= naming the modules whose output is the attention probabilities"
                 )
-            if with_grad:
-                return maps, graph, output
-        return maps, [], output
+            if not with_grad:
+                return maps, [], output
+            scores = target_scores(output, target, batch_size(inputs))
+            grads = run.gradients(scores, graph, "the attention maps of", names)
+            gradients = [
+                torch.zeros_like(m) if g is None else g.reshape(m.shape) for m, g in zip(maps, grads, strict=True)
+            ]
+            if all(g is None for g in grads):
+                raise no_dependence("the attention maps of", names[0], scores, checkpointed=run.checkpointed)
+            return maps, gradients, output
 
     def _relevance(self, cls_row: torch.Tensor, inputs: Any, upsample: bool) -> torch.Tensor:
         """The class token's row ``(batch, T)`` without the prefix tokens; a grid for image inputs."""
@@ -341,7 +339,7 @@ class AttentionRollout(_Rollout):
         *,
         head_fusion: Fusion = "mean",
         discard_ratio: float = 0.0,
-        layers: LayerTarget | None = None,
+        layers: ModuleTarget | None = None,
     ) -> None:
         _check_options(head_fusion, discard_ratio)
         super().__init__(model, layers=layers)
@@ -350,25 +348,31 @@ class AttentionRollout(_Rollout):
 
     def full(self, inputs: Any) -> torch.Tensor:
         """The full rollout ``(batch, T, T)``; row ``i`` is how token ``i`` at the output draws on the input tokens."""
+        given = batched(inputs, self.model, images=False)
         with torch.no_grad():
-            maps, _, _ = self._capture(inputs, with_grad=False)
-        return attention_rollout(maps, head_fusion=self.head_fusion, discard_ratio=self.discard_ratio)
+            maps, _, _ = self._capture(given.inputs, with_grad=False)
+        full = attention_rollout(maps, head_fusion=self.head_fusion, discard_ratio=self.discard_ratio)
+        return full[0] if given.single else full
 
     def __call__(self, inputs: Any, *, upsample: bool = False) -> torch.Tensor:
         """Relevance of each input token to the class token.
 
         Args:
-            inputs: images ``(batch, C, H, W)``, token ids, or a dict of model inputs (``model(**inputs)``).
+            inputs: images ``(batch, C, H, W)`` or one image ``(C, H, W)``, token ids, a tuple of positional inputs,
+                or a dict or any ``Mapping`` of keyword inputs (``model(**inputs)``, a HuggingFace ``BatchEncoding``
+                or ``BatchFeature``).
             upsample: for images, resize the patch grid bilinearly to the image size.
 
         Returns:
-            ``(batch, grid_h, grid_w)`` for images (``(batch, H, W)`` with ``upsample=True``), else
-            ``(batch, tokens)`` without the prefix tokens.
+            ``(batch, grid_h, grid_w)`` for images (``(batch, H, W)`` with ``upsample=True``; no batch axis for one
+            image), else ``(batch, tokens)`` without the prefix tokens.
         """
+        given = batched(inputs, self.model, images=False)
         with torch.no_grad():
-            maps, _, _ = self._capture(inputs, with_grad=False)
+            maps, _, _ = self._capture(given.inputs, with_grad=False)
         row = attention_rollout(maps, head_fusion=self.head_fusion, discard_ratio=self.discard_ratio, row=0)
-        return self._relevance(row, inputs, upsample)
+        relevance = self._relevance(row, given.inputs, upsample)
+        return relevance[0] if given.single else relevance
 
 
 class GradientRollout(_Rollout):
@@ -386,22 +390,20 @@ class GradientRollout(_Rollout):
 
     def full(self, inputs: Any, target: Target = None) -> torch.Tensor:
         """The full relevance matrix ``R`` ``(batch, T, T)``."""
-        return self._compute(inputs, target, None)
+        given = batched(inputs, self.model, images=False)
+        full = self._compute(given.inputs, target, None)
+        return full[0] if given.single else full
 
     def _compute(self, inputs: Any, target: Target, row: int | None) -> torch.Tensor:
         check_target(target, batch_size(inputs))
-        with torch.inference_mode(False), torch.enable_grad():
-            maps, graph, output = self._capture(inputs, with_grad=True)
-            scores = target_scores(output, target, batch_size(inputs))
-            if not scores.requires_grad:
-                raise ValueError("the target score does not depend on the attention maps")
-            grads = torch.autograd.grad(scores.sum(), graph, allow_unused=True)
-        gradients = [torch.zeros_like(m) if g is None else g.reshape(m.shape) for m, g in zip(maps, grads, strict=True)]
+        maps, gradients, _ = self._capture(inputs, with_grad=True, target=target)
         return gradient_rollout(maps, gradients, row=row)
 
     def __call__(self, inputs: Any, target: Target = None, *, upsample: bool = False) -> torch.Tensor:
-        """Relevance of each input token for ``target``; shapes as :meth:`AttentionRollout.__call__`."""
-        return self._relevance(self._compute(inputs, target, 0), inputs, upsample)
+        """Relevance of each input token for ``target``; inputs and shapes as :meth:`AttentionRollout.__call__`."""
+        given = batched(inputs, self.model, images=False)
+        relevance = self._relevance(self._compute(given.inputs, target, 0), given.inputs, upsample)
+        return relevance[0] if given.single else relevance
 
 
 _MHA_ARGUMENTS = (

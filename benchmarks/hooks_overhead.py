@@ -3,13 +3,16 @@
 Run from the repository root: python -m benchmarks.hooks_overhead [--rounds 10]
 Setting of issue 2: torchvision resnet50 (weights=None), batch 8, 224x224, 2 threads, eval, no_grad.
 A second table repeats the comparison on a 32x32 image, batch 1, where the convolutions cost little and the
-per-call cost of the hooks themselves shows.
+per-call cost of the hooks themselves shows. Then: registering and removing a group, registering one name at a
+time (1000 and 2000 modules, against plain PyTorch), and the import time of the packages in fresh processes.
 """
 
 from __future__ import annotations
 
 import argparse
 import statistics
+import subprocess
+import sys
 import time
 from collections.abc import Callable
 
@@ -18,6 +21,7 @@ import torchvision
 
 from benchmarks._timing import setup, table
 from hooks import HookManager
+from hooks.tacklebox import HookManager as CompatManager
 
 
 def noop(module, args, output):  # the same function everywhere
@@ -40,7 +44,12 @@ def installers(model: torch.nn.Module) -> dict[str, Callable[[], Callable[[], ob
         mgr.group("noop").forward(modules, noop)
         return mgr.remove_all
 
-    result = {"no hooks": none, "raw PyTorch hooks": raw, "hookscope group": ours}
+    def compat():
+        mgr = CompatManager()
+        mgr.register_forward_hook(noop, **{f"m{i}": m for i, m in enumerate(modules)})
+        return mgr.cleanup
+
+    result = {"no hooks": none, "raw PyTorch hooks": raw, "hookscope group": ours, "hooks.tacklebox": compat}
     try:
         from tacklebox.hook_management import HookManager as TackleBoxManager
     except ImportError:
@@ -131,6 +140,49 @@ def main() -> None:
             ],
         )
     )
+
+    print()
+    print(registration_scaling())
+    print()
+    print(import_times())
+
+
+def registration_scaling() -> str:
+    """One name at a time in a loop: hookscope must stay linear in the number of modules, like PyTorch."""
+    rows = []
+    for n in (1000, 2000):
+        model = torch.nn.Sequential(*[torch.nn.Identity() for _ in range(n)])
+        samples: dict[str, list[float]] = {"hookscope, one name at a time": [], "plain PyTorch": []}
+        for _ in range(5):
+            start = time.perf_counter()
+            mgr = HookManager(model)
+            group = mgr.group("g")
+            for i in range(n):
+                group.forward(str(i), noop)
+            samples["hookscope, one name at a time"].append(time.perf_counter() - start)
+            mgr.remove_all()
+            start = time.perf_counter()
+            handles = [model[i].register_forward_hook(noop) for i in range(n)]
+            samples["plain PyTorch"].append(time.perf_counter() - start)
+            for h in handles:
+                h.remove()
+        for name, values in samples.items():
+            rows.append([str(n), name, f"{statistics.median(values) * 1e3:.1f}"])
+    return table(["modules", "registration loop (median of 5)", "ms"], rows)
+
+
+def import_times(runs: int = 7) -> str:
+    """Seconds to import torch, then torch with hooks or attribution, each in a fresh process (median)."""
+    code = "import time; t = time.perf_counter(); import {}; print(time.perf_counter() - t)"
+    variants = {"torch": "torch", "torch + hooks": "torch, hooks", "torch + attribution": "torch, attribution"}
+    samples: dict[str, list[float]] = {name: [] for name in variants}
+    for _ in range(runs):  # in turn, so that drift hits all alike
+        for name, modules in variants.items():
+            out = subprocess.run([sys.executable, "-c", code.format(modules)], capture_output=True, text=True)
+            samples[name].append(float(out.stdout.strip()))
+    base = statistics.median(samples["torch"])
+    rows = [[name, f"{statistics.median(v):.2f}", f"+{statistics.median(v) - base:.2f}"] for name, v in samples.items()]
+    return table([f"import, fresh process (median of {runs})", "s", "over torch"], rows)
 
 
 if __name__ == "__main__":

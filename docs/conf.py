@@ -12,7 +12,7 @@ sys.path.insert(0, str(DOCS / "_ext"))
 project = "hookscope"
 author = "hookscope developers"
 copyright = "hookscope developers"
-release = "0.1.0"
+release = "0.2.0"
 
 extensions = [
     "sphinx.ext.autodoc",
@@ -40,11 +40,27 @@ nitpick_ignore_regex = [
     # names of other libraries in signatures: no intersphinx (it would fetch their inventories over the network)
     (r"py:.*", r"(torch|numpy|np|matplotlib|PIL|einops|tqdm)(\..*)?"),
     (r"py:.*", r"(nn|Tensor|Figure|Axes)(\..*)?"),
-    (r"py:.*", r"(collections\.abc|pathlib|typing|types|threading)\..*"),  # the standard library, likewise
+    (r"py:.*", r"(collections\.abc|contextlib|pathlib|typing|types|threading|weakref)\..*"),  # the standard library
 ]
 nitpick_ignore = [
+    # type aliases and private helpers named in signatures (aliases have no page of their own)
+    ("py:class", "LayerTarget"),
+    ("py:class", "Fusion"),
+    ("py:class", "_Site"),
+    ("py:class", "ModelIndex"),
+    ("py:class", "hooks._resolve.ModelIndex"),
+    # the protocol a handle needs of its group (hooks.HookGroup satisfies it); private, so no page of its own
+    ("py:class", "hooks._handle.Group"),
     # `Target`, the private type alias of `target` arguments (hooks and attribution); the guides describe it
     ("py:class", "Target"),
+    # short names of type aliases in signatures: hooks.ModuleTarget (module names, globs, objects), hooks' Kind and
+    # Reduction, and attribution's Site ("output" | "input"), Element (int | str | None) and Threads
+    ("py:class", "ModuleTarget"),
+    ("py:class", "Kind"),
+    ("py:class", "Reduction"),
+    ("py:class", "Site"),
+    ("py:class", "Element"),
+    ("py:class", "Threads"),
     # the private record (module name, kind, switch) that find_attention returns for each attention site
     ("py:class", "attribution.rollout._Site"),
 ]

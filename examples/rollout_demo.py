@@ -22,7 +22,7 @@ import torch
 import torch.nn.functional as F
 import torchvision
 
-from attribution import AttentionRollout, GradientRollout
+from attribution import AttentionRollout, GradCAM, GradientRollout, LayerCAM
 from attribution.plot import overlay, show_tokens
 
 
@@ -60,16 +60,24 @@ def vision(out: Path) -> None:
         accuracy = (vit(x).argmax(1) == y).float().mean()
     print(f"tiny ViT trained on coloured shapes: accuracy {accuracy:.1%}")
 
-    inside = []
-    for method in (AttentionRollout(vit), GradientRollout(vit)):
-        relevance = method(x, upsample=True) if isinstance(method, AttentionRollout) else method(x, y, upsample=True)
+    # CAMs on a ViT: the block before the last token mixing (after it, only the class token reaches the head)
+    before_last = "encoder.layers.encoder_layer_1"
+    relevances = {
+        "rollout": AttentionRollout(vit)(x, upsample=True),
+        "gradient rollout": GradientRollout(vit)(x, y, upsample=True),
+        "Grad-CAM": GradCAM(vit, before_last)(x, y),
+        "LayerCAM": LayerCAM(vit, before_last)(x, y),
+    }
+    inside = {}
+    for name, relevance in relevances.items():
         peaks = relevance.flatten(1).argmax(1)
         rows, cols = peaks // 32 - corners[:, 0], peaks % 32 - corners[:, 1]
-        inside.append(((rows >= 0) & (rows < 9) & (cols >= 0) & (cols < 9)).float().mean().item())
+        inside[name] = ((rows >= 0) & (rows < 9) & (cols >= 0) & (cols < 9)).float().mean().item()
     print(
-        f"images (of 200) whose relevance peaks in the shape's 9x9 box: rollout {inside[0]:.0%}, "
-        f"gradient rollout {inside[1]:.0%}"
+        "images (of 200) whose relevance peaks in the shape's 9x9 box: "
+        + ", ".join(f"{name} {share:.0%}" for name, share in inside.items())
     )
+    cams(out, x[:4], y[:4], {name: relevances[name][:4] for name in ("Grad-CAM", "LayerCAM")}, before_last)
 
     images, labels = x[:4], y[:4]
     plain = AttentionRollout(vit)(images, upsample=True)
@@ -87,6 +95,29 @@ def vision(out: Path) -> None:
         )
     fig.tight_layout()
     path = out / "rollout_vit_shapes.png"
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    print(f"wrote {path}")
+
+
+def cams(out: Path, images: torch.Tensor, labels: torch.Tensor, maps: dict[str, torch.Tensor], layer: str) -> None:
+    """The CAMs of the ViT's block before the last token mixing, for the true class."""
+    fig, axes = plt.subplots(1 + len(maps), 4, figsize=(9, 2.4 * (1 + len(maps))))
+    names = ["red square", "green cross", "blue ring"]
+    for i in range(4):
+        axes[0, i].imshow(images[i].permute(1, 2, 0).clamp(-1, 2).add(1).div(3).numpy())
+        axes[0, i].set_title(names[int(labels[i])])
+        axes[0, i].set_axis_off()
+        for row, (name, m) in enumerate(maps.items(), start=1):
+            overlay(
+                images[i],
+                m[i],
+                ax=axes[row, i],
+                alpha=0.55,
+                title=f"{name}, {layer.split('.')[-1]}" if i == 0 else None,
+            )
+    fig.tight_layout()
+    path = out / "vit_cams_shapes.png"
     fig.savefig(path, dpi=100)
     plt.close(fig)
     print(f"wrote {path}")

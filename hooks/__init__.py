@@ -14,23 +14,26 @@ Example:
 """
 
 from ._errors import HookError, ModuleNotFoundInModelError
+from ._handle import HookHandle
 from ._resolve import ModuleTarget, module_names, resolve
-from .manager import HookFunction, HookGroup, HookHandle, HookManager
+from ._runs import in_backward
+from .manager import HookGroup, HookManager
 from .recorder import Record, Recorder, Recording
 from .trace import ModuleCall, Trace, trace
 
 __all__ = [
     "HookError",
-    "HookFunction",
     "HookGroup",
     "HookHandle",
     "HookManager",
     "ModuleCall",
     "ModuleNotFoundInModelError",
+    "ModuleTarget",
     "Record",
     "Recorder",
     "Recording",
     "Trace",
+    "in_backward",
     "module_names",
     "resolve",
     "trace",

@@ -2,7 +2,8 @@
 
 The torchfunc recorders' features (condition, reduction, sample counts, save) on top of :class:`HookManager`:
 records are detached copies (an in-place operation later cannot change them), optionally moved to a device,
-and a module called several times in one forward gets one record per call.
+and a module called several times in one forward gets one record per call. Calls that gradient checkpointing runs
+again during the backward pass are not recorded again; their gradients are recorded under the call they replay.
 """
 
 from __future__ import annotations
@@ -18,10 +19,12 @@ from typing import Any, Literal
 
 import torch
 from torch import nn
-from torch.utils import _pytree as pytree
 
-from ._resolve import Target
-from .manager import HookManager
+from . import _tree
+from ._errors import HookError
+from ._resolve import ModuleTarget
+from ._runs import in_backward
+from .manager import HookManager, Threads
 
 Field = Literal["input", "output", "grad_input", "grad_output"]
 FIELDS: tuple[str, ...] = ("input", "output", "grad_input", "grad_output")
@@ -177,6 +180,8 @@ class Recorder(Recording):
         condition: a callable with no arguments; a sample is recorded only when it returns True.
         device: where recorded tensors are moved (default: where they are).
         manager: a :class:`HookManager` of ``model`` to register in (default: a private one).
+        threads: ``"all"`` records forwards run by any thread (a thread pool, a web handler); by default only
+            the forwards of the thread that created the recorder are recorded (see :meth:`HookManager.group`).
 
     Example:
         >>> import torch
@@ -194,13 +199,14 @@ class Recorder(Recording):
     def __init__(
         self,
         model: nn.Module,
-        targets: Target,
+        targets: ModuleTarget,
         *,
         capture: Iterable[str] = ("output",),
         reduction: Reduction = "last",
         condition: Callable[[], bool] | None = None,
         device: torch.device | str | None = None,
         manager: HookManager | None = None,
+        threads: Threads | None = None,
     ) -> None:
         super().__init__()
         capture = (capture,) if isinstance(capture, str) else tuple(capture)
@@ -222,7 +228,7 @@ class Recorder(Recording):
         self.manager = manager if manager is not None else HookManager(model)
         self._pending = threading.local()
         self._lock = threading.Lock()
-        self.group = self.manager.group(f"recorder-{next(self._ids)}")
+        self.group = self.manager.group(f"recorder-{next(self._ids)}", threads=threads)
         try:
             if "input" in capture:
                 self.group.forward_pre(targets, self._on_pre, with_kwargs=True)
@@ -238,6 +244,8 @@ class Recorder(Recording):
     def _on_pre(
         self, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], *, name: str, call: int
     ) -> None:
+        if in_backward():  # a checkpointed segment computed again: recorded when it first ran
+            return
         accepted = self.condition is None or bool(self.condition())
         self._pending.__dict__.setdefault("accepted", {})[name, call] = accepted
         if accepted:
@@ -245,6 +253,8 @@ class Recorder(Recording):
             self._store(name, call, "input", value)
 
     def _on_forward(self, module: nn.Module, args: tuple[Any, ...], output: Any, *, name: str, call: int) -> None:
+        if in_backward():
+            return
         pending = self._pending.__dict__.get("accepted", {})
         accepted = (
             pending.pop((name, call)) if (name, call) in pending else (self.condition is None or bool(self.condition()))
@@ -312,13 +322,22 @@ def _check_condition(condition: Callable[[], bool]) -> None:
 
 
 def _detached_copy(value: Any, device: torch.device | None) -> Any:
-    def copy(x: Any) -> Any:
-        if isinstance(x, torch.Tensor):
-            return x.detach().to(device=device if device is not None else x.device, copy=True)
-        return x
+    def copy(x: torch.Tensor) -> torch.Tensor:
+        if _transformed(x):
+            raise HookError(
+                "a Recorder cannot keep a tensor from inside a torch.func transform (vmap, grad, jacrev...): it "
+                "would escape the transform and be unusable. Record a forward run outside the transform, or return "
+                "what you need from the transformed function."
+            )
+        return x.detach().to(device=device if device is not None else x.device, copy=True)
 
-    leaves, spec = pytree.tree_flatten(value)
-    return pytree.tree_unflatten([copy(x) for x in leaves], spec)
+    return _tree.map_tensors(copy, value)
+
+
+def _transformed(x: torch.Tensor) -> bool:
+    """Whether ``x`` is a functorch wrapper (a batched or grad-tracking tensor of ``torch.func``)."""
+    check = getattr(torch._C._functorch, "is_functorch_wrapped_tensor", None)
+    return bool(check(x)) if check is not None else False
 
 
 def _reduce(reduction: Reduction, stored: Any, new: Any, n: int) -> Any:
@@ -341,12 +360,19 @@ def _reduce(reduction: Reduction, stored: Any, new: Any, n: int) -> Any:
 
 
 def _zip_map(op: Callable[[torch.Tensor, torch.Tensor], torch.Tensor], a: Any, b: Any) -> Any:
-    leaves_a, spec_a = pytree.tree_flatten(a)
-    leaves_b, spec_b = pytree.tree_flatten(b)
-    if spec_a != spec_b:
-        raise ValueError(f"cannot reduce a sample shaped {spec_b} into a record shaped {spec_a}; use reduction='list'")
+    leaves_a, spec_a = _tree.flatten(a)
+    leaves_b, _ = _tree.flatten(b)
+    if len(leaves_a) != len(leaves_b) or any(
+        isinstance(x, torch.Tensor) != isinstance(y, torch.Tensor)
+        or (isinstance(x, torch.Tensor) and x.shape != y.shape)
+        for x, y in zip(leaves_a, leaves_b, strict=False)
+    ):
+        raise ValueError(
+            "cannot reduce a sample into a record of another structure or shape (a module whose output changes from "
+            "call to call); use reduction='list'"
+        )
     out = [
         op(x, y) if isinstance(x, torch.Tensor) and isinstance(y, torch.Tensor) else y
         for x, y in zip(leaves_a, leaves_b, strict=True)
     ]
-    return pytree.tree_unflatten(out, spec_a)
+    return _tree.unflatten(out, spec_a)

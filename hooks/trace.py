@@ -8,8 +8,8 @@ from typing import Any
 
 import torch
 from torch import nn
-from torch.utils import _pytree as pytree
 
+from . import _tree
 from .manager import HookManager
 
 
@@ -57,7 +57,7 @@ class Trace(list[ModuleCall]):
 
 
 def _shapes(value: Any) -> tuple[tuple[int, ...], ...]:
-    return tuple(tuple(x.shape) for x in pytree.tree_leaves(value) if isinstance(x, torch.Tensor))
+    return tuple(tuple(x.shape) for x in _tree.tensors(value))
 
 
 def trace(model: nn.Module, *inputs: Any, grad: bool = False, **kwargs: Any) -> Trace:

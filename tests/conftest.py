@@ -14,6 +14,7 @@ matplotlib.use("Agg")
 torch.set_num_threads(min(2, os.cpu_count() or 1))
 
 DATA = Path(__file__).parent / "data"
+collect_ignore_glob = ["data/*"]  # programs kept as data (TackleBox's scripts), not tests
 
 
 class TinyCNN(nn.Module):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import ast
 import subprocess
 import sys
+import typing
 from pathlib import Path
 
 import attribution
@@ -35,4 +36,6 @@ def test_public_names_exist_and_are_documented():
     for package in (hooks, attribution):
         for name in package.__all__:
             obj = getattr(package, name)
+            if typing.get_origin(obj) is not None:  # a type alias: documented in the API reference
+                continue
             assert (obj.__doc__ or "").strip(), f"{package.__name__}.{name} has no docstring"

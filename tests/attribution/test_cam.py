@@ -14,8 +14,9 @@ from attribution import EigenCAM, GradCAM, GradCAMPlusPlus, HiResCAM, LayerCAM, 
 from tests.attribution.models import gradcam_reference, small_vgg
 from tests.conftest import hook_state
 
-# float32 maps against float64 re-implementations: sums over up to 32 x 8 x 8 products
-TOL = {"rtol": 1e-4, "atol": 1e-5}
+# The model runs in float64 against the float64 re-implementations, so the default float64 tolerances hold on any CPU
+# (in float32, an XGrad-CAM channel whose activations sum to 2.7e-4 differs by 1.7e-4 relative on an AMD EPYC).
+TOL: dict[str, float] = {}
 
 
 # -- slow re-implementations from the papers (one image, float64, explicit loops) -------------------------------
@@ -105,8 +106,8 @@ def test_gradcam_matches_captum_reference_with_inplace_relu_after_layer():
 
 @pytest.mark.parametrize("method", list(REFERENCES), ids=lambda m: m.__name__)
 def test_gradient_methods_match_paper_reimplementation(method):
-    model, ref = small_vgg(), gradcam_reference()
-    x, targets = ref["input"], ref["targets"]
+    model, ref = small_vgg().double(), gradcam_reference()
+    x, targets = ref["input"].double(), ref["targets"]
     A, G = vgg_acts_and_grads(model, x, targets)
     ours = method(model, "features.6")(x, targets, upsample=False, normalize=False)
     expected = torch.stack([REFERENCES[method](A[b], G[b]) for b in range(len(x))])
@@ -115,8 +116,8 @@ def test_gradient_methods_match_paper_reimplementation(method):
 
 
 def test_eigencam_matches_power_iteration():
-    model, ref = small_vgg(), gradcam_reference()
-    x = ref["input"]
+    model, ref = small_vgg().double(), gradcam_reference()
+    x = ref["input"].double()
     A = model.features[:7](x).detach().double()
     ours = EigenCAM(model, "features.6")(x, upsample=False, normalize=False)
     expected = torch.stack([ref_eigencam(A[b]) for b in range(len(x))])
@@ -124,8 +125,8 @@ def test_eigencam_matches_power_iteration():
 
 
 def test_scorecam_matches_paper_reimplementation():
-    model, ref = small_vgg(), gradcam_reference()
-    x, targets = ref["input"][:2], ref["targets"][:2].tolist()
+    model, ref = small_vgg().double(), gradcam_reference()
+    x, targets = ref["input"][:2].double(), ref["targets"][:2].tolist()
     ours = ScoreCAM(model, "features.6", batch_size=7, progress=False)(x, targets, upsample=False, normalize=False)
     A = model.features[:7](x).detach()
     for b in range(2):
@@ -369,7 +370,7 @@ def test_errors_are_clear_and_leave_nothing_registered(resnet18):
         GradCAM(resnet18, "layer4")(x, [1, 2, 3])
     with pytest.raises(RuntimeError, match=r"the model failed on `inputs` of shape \(2, 4, 32, 32\)"):
         GradCAM(resnet18, "layer4")(torch.randn(2, 4, 32, 32))
-    with pytest.raises(ValueError, match=r"`inputs` must be \(B, C, H, W\) or \(C, H, W\)"):
+    with pytest.raises(ValueError, match=r"`inputs` of shape \(32, 32\) \(torch.float32\) holds none: images are"):
         GradCAM(resnet18, "layer4")(torch.randn(32, 32))
     with pytest.raises(ValueError, match=r"callable `target` must return scores of shape \(2,\)"):
         GradCAM(resnet18, "layer4")(x, lambda out: out.sum())

@@ -337,3 +337,79 @@ def test_layers_argument_on_a_timm_model_switches_fused_attention_off_too():
     x = torch.randn(1, 3, 224, 224)
     torch.testing.assert_close(AttentionRollout(vit, layers="blocks.*.attn.attn_drop")(x), AttentionRollout(vit)(x))
     assert all(block.attn.fused_attn for block in vit.blocks)
+
+
+# -- HuggingFace and DeiT against attentions captured by hand -------------------------------------------------------
+def _bert(transformers):
+    torch.manual_seed(0)
+    config = transformers.BertConfig(
+        vocab_size=60, hidden_size=32, num_hidden_layers=3, num_attention_heads=4, intermediate_size=64, num_labels=3
+    )
+    return transformers.BertForSequenceClassification(config).eval()
+
+
+def _hf_vit(transformers):
+    torch.manual_seed(0)
+    config = transformers.ViTConfig(
+        hidden_size=32, num_hidden_layers=3, num_attention_heads=4, intermediate_size=64, image_size=32, patch_size=8,
+        num_labels=3,
+    )  # fmt: skip
+    return transformers.ViTForImageClassification(config).eval()
+
+
+@pytest.mark.parametrize("family", ["bert", "vit"])
+def test_huggingface_rollouts_equal_attentions_captured_with_output_attentions(family):
+    transformers = pytest.importorskip("transformers")
+    model = _bert(transformers) if family == "bert" else _hf_vit(transformers)
+    if family == "bert":
+        mask = torch.ones(2, 7, dtype=torch.long)
+        mask[1, 5:] = 0  # padding in the second sentence
+        inputs = {"input_ids": torch.randint(0, 60, (2, 7)), "attention_mask": mask}
+    else:
+        inputs = {"pixel_values": torch.randn(2, 3, 32, 32)}
+    implementation = model.config._attn_implementation
+    model.config._attn_implementation = "eager"  # output_attentions needs the eager path; ours switches it itself
+    out = model(**inputs, output_attentions=True)
+    model.config._attn_implementation = implementation
+    maps = list(out.attentions)
+    assert len(maps) == 3 and maps[0].shape[1] == 4
+    scores = out.logits[:, 2]
+    grads = torch.autograd.grad(scores.sum(), maps)
+    hand_rollout = attention_rollout([m.detach() for m in maps], discard_ratio=0.5)[:, 0, 1:]
+    hand_gradient = gradient_rollout([m.detach() for m in maps], list(grads))[:, 0, 1:]
+    ours = AttentionRollout(model, discard_ratio=0.5)(inputs)
+    ours_gradient = GradientRollout(model)(inputs, 2)
+    if family == "vit":
+        hand_rollout, hand_gradient = hand_rollout.reshape(2, 4, 4), hand_gradient.reshape(2, 4, 4)
+    assert hand_gradient.abs().sum() > 0
+    torch.testing.assert_close(ours, hand_rollout)
+    torch.testing.assert_close(ours_gradient, hand_gradient)
+    assert model.config._attn_implementation == implementation
+
+
+def test_deit_distilled_rollouts_equal_hand_captured_attention_without_both_prefix_tokens():
+    timm = pytest.importorskip("timm")
+    torch.manual_seed(0)
+    deit = timm.create_model(
+        "deit_tiny_distilled_patch16_224", pretrained=False, num_classes=5, depth=3, img_size=64
+    ).eval()
+    assert deit.num_prefix_tokens == 2
+    x = torch.randn(2, 3, 64, 64)
+    maps, handles = [], []
+    for block in deit.blocks:
+        block.attn.fused_attn = False
+        handles.append(block.attn.attn_drop.register_forward_hook(lambda m, i, o: maps.append(o)))
+    try:
+        scores = deit(x)[:, 4]  # eval: the mean of the class and distillation heads
+    finally:
+        for block in deit.blocks:
+            block.attn.fused_attn = True
+        for h in handles:
+            h.remove()
+    grads = torch.autograd.grad(scores.sum(), maps)
+    detached = [m.detach() for m in maps]
+    expected = attention_rollout(detached, head_fusion="min")[:, 0, 2:].reshape(2, 4, 4)
+    torch.testing.assert_close(AttentionRollout(deit, head_fusion="min")(x), expected)
+    expected = gradient_rollout(detached, list(grads))[:, 0, 2:].reshape(2, 4, 4)
+    assert expected.abs().sum() > 0
+    torch.testing.assert_close(GradientRollout(deit)(x, 4), expected)

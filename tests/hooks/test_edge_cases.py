@@ -139,7 +139,7 @@ def test_removed_recorder_is_not_kept_alive_by_a_shared_manager(mlp):
     del rec
     gc.collect()
     assert ref() is None
-    assert mgr.function_to_hookfn == {} and mgr.name_to_hookfn == {}
+    assert mgr.handles() == [] and mgr.groups == {}
 
 
 def test_a_submodule_called_on_its_own_numbers_each_call_zero(mlp):

@@ -262,7 +262,7 @@ def test_deepcopy_pickle_and_torch_save_carry_no_hooks(tiny_cnn):
 def test_activation_is_per_thread_by_default(mlp):
     seen: list[str] = []
     mgr = HookManager(mlp)
-    g = mgr.group("local")
+    g = mgr.group("local", threads="current")
     g.forward("0", lambda m, a, o: seen.append(threading.current_thread().name))
     shared = mgr.group("shared", threads="all")
     shared.forward("2", lambda m, a, o: seen.append("shared:" + threading.current_thread().name))
@@ -303,7 +303,7 @@ def test_concurrent_threads_see_only_their_own_group(mlp):
 
     def worker(tag: str, fn) -> None:
         try:
-            group = mgr.group(tag)
+            group = mgr.group(tag, threads="current")
             group.forward("2", fn)
             for _ in range(50):
                 results[tag].append(mlp(x))
@@ -334,7 +334,7 @@ def test_handles_filters_and_table(mlp):
     b.backward("0", lambda m, gi, go: None, activate=False)
     assert len(mgr.handles(group="a")) == 2 and len(mgr.handles(group=b)) == 1
     assert [h.module_name for h in mgr.handles(module="0")] == ["0", "0"]
-    assert [h.name for h in mgr.handles(fn=f, module="2")] == ["_log.<locals>.fn[2]"]
+    assert [(h.module_name, h.fn) for h in mgr.handles(fn=f, module="2")] == [("2", f)]
     assert mgr.handles(active=False)[0].kind == "backward"
     table = mgr.table()
     assert table.splitlines()[0].split() == ["group", "priority", "kind", "module", "function", "state", "#"]

@@ -10,7 +10,7 @@ import pytest
 import torch
 from torch import nn
 
-from hooks import HookManager  # README: `from tacklebox.hook_management import HookManager`
+from hooks.tacklebox import HookManager  # README: `from tacklebox.hook_management import HookManager`
 from tests.conftest import hook_state
 
 
@@ -249,7 +249,7 @@ def test_removing_hooks(net, capsys, how):
     printed = capsys.readouterr().out
     assert "Finished forward pass" not in printed
     assert printed.count("Beginning") == (1 if how == "module" else 2)
-    handle = hookmngr.handles()[0]
+    handle = next(iter(hookmngr.name_to_hookhandle.values()))
     hookmngr.remove_hook(handle)
     with pytest.raises(RuntimeError, match="was removed"):
         handle.activate()
@@ -263,7 +263,7 @@ def test_backward_hook_order_and_forward_cache(net):
     def with_cache(module, grad_in, grad_out, inputs, outputs):
         seen["io"] = (grad_in, grad_out, inputs, outputs)
 
-    hookmngr = HookManager(net)
+    hookmngr = HookManager(model=net)
     hookmngr.register_backward_hook(with_cache, net[2], retain_forward_cache=True)
     x = torch.randn(5, 3, requires_grad=True)
     net(x).pow(2).sum().backward()
