@@ -1,7 +1,8 @@
 """How faithful is a saliency map? Perturbation metrics, the pointing game and the randomisation sanity check.
 
-Each metric takes the model, the inputs ``(B, C, H, W)``, the maps ``(B, H, W)`` of any method and the target in
-the forms the CAMs take, and returns a small result with one value per image. Perturbed inputs run in batches in
+Each metric takes the model, the inputs (images ``(B, C, H, W)``, or model inputs that hold them, as the CAMs take
+them), the maps ``(B, H, W)`` of any method and the target in the forms the CAMs take, and returns a small result
+with one value per image. Perturbed inputs run in batches in
 eval mode without autograd, and the model is left exactly as it was found.
 
 Example:

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import nn
 
 from ._perturb import Baseline, auc, make_baseline, pixel_ranks, replace_top, step_counts
-from ._scoring import Scorer, Target, check_images, observing, run_batches
+from ._scoring import Images, Scorer, Target, observing, run_batches
 
 
 @dataclass(frozen=True)
@@ -33,7 +34,7 @@ class CurveResult:
 
 def deletion(
     model: nn.Module,
-    inputs: torch.Tensor,
+    inputs: Any,
     maps: torch.Tensor,
     target: Target = None,
     *,
@@ -51,10 +52,14 @@ def deletion(
 
     Args:
         model: the classifier; run in eval mode without autograd, left exactly as it was.
-        inputs: ``(B, C, H, W)`` images as the model takes them (or one ``(C, H, W)`` image).
+        inputs: ``(B, C, H, W)`` images as the model takes them (or one ``(C, H, W)`` image), or model inputs that
+            hold them, as the CAMs take them: a mapping whose ``pixel_values`` are the images (``model(**inputs)``,
+            a HuggingFace ``BatchFeature``) or a tuple of positional inputs whose first 4-D tensor is the images
+            (``model(*inputs)``); other entries with a first axis of ``B`` go with their image.
         maps: ``(B, H, W)`` saliency maps at the input's size (or one ``(H, W)`` map), higher meaning more salient.
-        target: whose score: ``None`` (each image's top class on the unperturbed input), an int, one int per image,
-            or a callable ``output -> (n,)`` that scores each row of a batch of perturbed images on its own.
+        target: whose score, in the forms of the CAMs: ``None`` (each image's top class on the unperturbed input),
+            an int, one int per image, or a callable ``output -> (B,)`` such as :class:`attribution.targets.ClassLogit`
+            (given the output of ``B`` perturbed copies at a time, one of each image in batch order).
         baseline: what removed pixels become: ``"zeros"`` (RISE's choice for deletion: the mean colour of a
             normalised dataset), ``"mean"`` (each image's channel means), ``"blur"`` (Gaussian, kernel 11, sigma 5),
             a tensor broadcastable to ``inputs``, or a callable ``inputs -> tensor``.
@@ -79,7 +84,7 @@ def deletion(
 
 def insertion(
     model: nn.Module,
-    inputs: torch.Tensor,
+    inputs: Any,
     maps: torch.Tensor,
     target: Target = None,
     *,
@@ -104,7 +109,7 @@ def insertion(
 def _curve(
     kind: str,
     model: nn.Module,
-    inputs: torch.Tensor,
+    inputs: Any,
     maps: torch.Tensor,
     target: Target,
     baseline: Baseline,
@@ -113,10 +118,11 @@ def _curve(
     batch_size: int,
     progress: bool,
 ) -> CurveResult:
-    images, maps = check_images(inputs, maps)
+    given = Images(inputs, model)
+    images, maps = given.pixels, given.maps(maps)
     batch, pixels = images.shape[0], images.shape[-2] * images.shape[-1]
     counts = step_counts(pixels, steps)
-    scorer = Scorer(model, target, score, batch)
+    scorer = Scorer(model, given, target, score, batch_size)
     ranks = pixel_ranks(maps)
     perturbed = (counts[1:] if kind == "deletion" else counts[:-1]).to(images.device)
     with observing(model):
@@ -125,11 +131,11 @@ def _curve(
 
         def make(jobs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
             jobs = jobs.to(images.device)
-            items = jobs // steps
-            return replace_top(start, fill, ranks, items, perturbed[jobs % steps]), items
+            items = jobs % batch  # point-major: one copy of each image per group of `batch` jobs
+            return replace_top(start, fill, ranks, items, perturbed[jobs // batch]), items
 
-        unperturbed = scorer.unperturbed(images).cpu()[:, None]
-        rest = run_batches(scorer, batch * steps, make, batch_size, progress=progress, desc=kind).view(batch, steps)
+        unperturbed = scorer.unperturbed().cpu()[:, None]
+        rest = run_batches(scorer, steps * batch, make, progress=progress, desc=kind).view(steps, batch).T
     scores = torch.cat([unperturbed, rest] if kind == "deletion" else [rest, unperturbed], dim=1)
     fractions = counts.to(scores.dtype) / pixels
     return CurveResult(kind, fractions, scores, auc(fractions, scores))

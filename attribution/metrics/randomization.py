@@ -14,10 +14,11 @@ from tqdm.auto import tqdm
 
 from hooks import resolve
 
+from .._inputs import batched
 from ._scoring import Target, top_classes
 from ._similarity import spearman, ssim
 
-Method = Callable[[nn.Module, torch.Tensor, Target], torch.Tensor]
+Method = Callable[[nn.Module, Any, Target], torch.Tensor]
 MODES = ("cascading", "independent")
 
 
@@ -47,7 +48,7 @@ class RandomizationResult:
 def randomization_test(
     method: Method,
     model: nn.Module,
-    inputs: torch.Tensor,
+    inputs: Any,
     target: Target = None,
     *,
     mode: str = "cascading",
@@ -73,7 +74,8 @@ def randomization_test(
         method: ``method(model, inputs, target) -> (B, H, W)`` maps, e.g.
             ``lambda m, x, t: GradCAM(m, "layer4")(x, t)``; it must use the model it is given.
         model: the network.
-        inputs: what ``method`` takes, usually images ``(B, C, H, W)``.
+        inputs: what ``method`` takes, in the forms of the CAMs: images ``(B, C, H, W)``, one image ``(C, H, W)``
+            (whose ``(H, W)`` maps count as a batch of one), a mapping with ``pixel_values``, a tuple...
         target: as for the CAMs. ``None`` is resolved once to each image's top class on the original model, and
             that class is explained on every randomised copy.
         mode: ``"cascading"`` or ``"independent"``.
@@ -104,9 +106,10 @@ def randomization_test(
     if not isinstance(model, nn.Module):
         raise TypeError(f"`model` must be a torch.nn.Module; got {type(model).__name__}")
     stages = _stages(model, layers)
+    single = batched(inputs, model, images=True).single  # one (C, H, W) image: its (H, W) maps are a batch of one
     if target is None:
         target = top_classes(model, inputs)
-    original = _maps(method, model, inputs, target, None)
+    original = _maps(method, model, inputs, target, None, single)
     maps = []
     randomised = copy.deepcopy(model)
     with torch.random.fork_rng(devices=_cuda_devices(model)):
@@ -114,7 +117,7 @@ def randomization_test(
             module = randomised.get_submodule(name)
             torch.manual_seed(stage_seed(seed, s))
             _reinitialise(module, name)
-            maps.append(_maps(method, randomised, inputs, target, original.shape))
+            maps.append(_maps(method, randomised, inputs, target, original.shape, single))
             if mode == "independent":
                 module.load_state_dict(model.get_submodule(name).state_dict())
     del randomised
@@ -170,9 +173,11 @@ def _reinitialise(module: nn.Module, name: str) -> None:
 
 
 def _maps(
-    method: Method, model: nn.Module, inputs: torch.Tensor, target: Target, shape: torch.Size | None
+    method: Method, model: nn.Module, inputs: Any, target: Target, shape: torch.Size | None, single: bool
 ) -> torch.Tensor:
     maps = method(model, inputs, target)
+    if single and isinstance(maps, torch.Tensor) and maps.dim() == 2:
+        maps = maps[None]
     if not isinstance(maps, torch.Tensor) or maps.dim() != 3 or (shape is not None and maps.shape != shape):
         got = tuple(maps.shape) if isinstance(maps, torch.Tensor) else type(maps).__name__
         expected = tuple(shape) if shape is not None else "(B, H, W)"

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import nn
 
 from ._impute import noisy_linear_imputation
 from ._perturb import pixel_ranks
-from ._scoring import Scorer, Target, check_images, observing, run_batches
+from ._scoring import Images, Scorer, Target, observing, run_batches
 
 PERCENTILES = (10, 20, 30, 40, 50, 60, 70, 80, 90)
 
@@ -40,7 +41,7 @@ class RoadResult:
 
 def road(
     model: nn.Module,
-    inputs: torch.Tensor,
+    inputs: Any,
     maps: torch.Tensor,
     target: Target = None,
     *,
@@ -61,13 +62,14 @@ def road(
 
     Args:
         model: the classifier; run in eval mode without autograd, left exactly as it was.
-        inputs: ``(B, C, H, W)`` images as the model takes them (or one ``(C, H, W)`` image).
+        inputs: the images, in the forms of :func:`attribution.metrics.deletion`.
         maps: ``(B, H, W)`` saliency maps at the input's size (or one ``(H, W)`` map), higher meaning more salient.
         target: whose score, in the same forms as :func:`attribution.metrics.deletion`.
         percentiles: the shares of pixels to remove, in percent, each strictly between 0 and 100.
         noise: standard deviation of the noise on imputed values, in input units (ROAD: 0.01); 0 for none.
-        seed: seeds the noise; each perturbed image draws from its own generator, so the result does not depend on
-            ``batch_size``, and the global random state is not touched.
+        seed: seeds the noise; each perturbed image draws from its own generator, seeded from ``seed``, the image's
+            position in the batch and the point, so the result does not depend on ``batch_size`` or on the images
+            after it, and the global random state is not touched.
         score: for class targets, the class's softmax ``"probability"`` or its ``"logit"``.
         batch_size: perturbed images per imputation and forward.
         progress: show a progress bar.
@@ -82,7 +84,8 @@ def road(
         >>> result.morf.shape, result.auc.shape
         (torch.Size([2, 2]), torch.Size([2]))
     """
-    images, maps = check_images(inputs, maps)
+    given = Images(inputs, model)
+    images, maps = given.pixels, given.maps(maps)
     batch, pixels = images.shape[0], images.shape[-2] * images.shape[-1]
     shares = torch.as_tensor(list(percentiles), dtype=torch.float64)
     if shares.dim() != 1 or not len(shares) or not ((shares > 0) & (shares < 100)).all():
@@ -90,23 +93,30 @@ def road(
     if not isinstance(noise, (int, float)) or noise < 0:
         raise ValueError(f"`noise` must be a standard deviation >= 0; got {noise!r}")
     counts = torch.round(shares / 100 * pixels).long().to(images.device)
-    scorer = Scorer(model, target, score, batch)
+    scorer = Scorer(model, given, target, score, batch_size)
     ranks = pixel_ranks(maps)
     points = len(shares)
     with observing(model):
 
         def make(jobs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
             jobs = jobs.to(images.device)
-            items, order, point = jobs // (2 * points), jobs // points % 2, jobs % points
+            items, curve = jobs % batch, jobs // batch  # point-major: one copy of each image per group
+            order, point = curve // points, curve % points  # MoRF points first, then LeRF
             k = counts[point][:, None]
             removed = torch.where(order[:, None] == 0, ranks[items] < k, ranks[items] >= pixels - k)
             removed = removed.view(len(jobs), *images.shape[-2:])
-            seeds = [hash((seed, int(job))) & 0x7FFF_FFFF_FFFF_FFFF for job in jobs]
+            # an image's noise depends on its curve and point, not on `batch_size` or on the batch's length
+            seeds = [noise_seed(seed, int(i), int(c)) for i, c in zip(items.tolist(), curve.tolist(), strict=True)]
             return noisy_linear_imputation(images[items], removed, noise=noise, seeds=seeds), items
 
-        unperturbed = scorer.unperturbed(images).cpu()
-        curves = run_batches(scorer, batch * 2 * points, make, batch_size, progress=progress, desc="ROAD")
-    curves = curves.view(batch, 2, points)
+        unperturbed = scorer.unperturbed().cpu()
+        curves = run_batches(scorer, 2 * points * batch, make, progress=progress, desc="ROAD")
+    curves = curves.view(2, points, batch).permute(2, 0, 1)
     morf, lerf = curves[:, 0], curves[:, 1]
     morf_auc, lerf_auc = morf.mean(dim=1), lerf.mean(dim=1)
     return RoadResult(shares, morf, lerf, unperturbed, morf_auc, lerf_auc, (lerf_auc - morf_auc) / 2)
+
+
+def noise_seed(seed: int, item: int, curve: int) -> int:
+    """The seed of the noise of image ``item`` at ``curve`` (MoRF points, then LeRF): the same in every process."""
+    return hash((seed, item, curve)) & 0x7FFF_FFFF_FFFF_FFFF

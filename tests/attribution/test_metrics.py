@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import math
+from types import MappingProxyType
 
 import pytest
 import torch
 from torch import nn
 
-from attribution import GradCAM
+from attribution import GradCAM, targets
 from attribution.metrics import deletion, insertion, road
 from tests.conftest import hook_state
 
@@ -87,6 +88,73 @@ def test_target_forms_agree():
     logits = deletion(model, images, maps, 3, steps=4, score="logit")
     with torch.no_grad():
         assert logits.scores[:, 0].tolist() == pytest.approx(model(images)[:, 3].tolist(), abs=1e-6)
+
+
+def test_callable_targets_get_one_copy_of_each_image_in_batch_order():
+    # a target with one class per image must see its images' copies in their rows, whatever the batch size
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Flatten(), nn.Linear(3 * 6 * 6, 5)).eval()
+    images, maps, classes = torch.randn(3, 3, 6, 6), torch.rand(3, 6, 6), [4, 0, 2]
+    for batch_size in (1, 7, 100):  # groups of 3 rows: one, two (sliced) and all of them per forward
+        by_class = deletion(model, images, maps, classes, steps=4, score="logit", batch_size=batch_size)
+        by_callable = deletion(model, images, maps, targets.ClassLogit(classes), steps=4, batch_size=batch_size)
+        torch.testing.assert_close(by_callable.scores, by_class.scores)
+        gap = road(model, images, maps, targets.ClassLogit(classes), percentiles=[30, 60], batch_size=batch_size)
+        gap_by_class = road(model, images, maps, classes, percentiles=[30, 60], score="logit", batch_size=batch_size)
+        torch.testing.assert_close(gap.morf, gap_by_class.morf)
+        torch.testing.assert_close(gap.lerf, gap_by_class.lerf)
+
+
+class Keyword(nn.Module):
+    """Takes its images by keyword, as HuggingFace vision models take ``pixel_values``, and a scale per image."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.net = nn.Sequential(nn.Conv2d(3, 4, 3), nn.Tanh(), nn.Flatten(), nn.Linear(4 * 6 * 6, 5))
+
+    def forward(self, pixel_values: torch.Tensor, scale: torch.Tensor | None = None) -> torch.Tensor:
+        return self.net(pixel_values if scale is None else pixel_values * scale[:, None, None, None])
+
+
+def curves(result: object) -> torch.Tensor:
+    return torch.cat([result.morf, result.lerf], dim=1) if hasattr(result, "morf") else result.scores
+
+
+@pytest.mark.parametrize("name", ["deletion", "insertion", "road"])
+def test_inputs_in_the_forms_the_cams_take(name):
+    torch.manual_seed(0)
+    model = Keyword().eval()
+    metric = {"deletion": deletion, "insertion": insertion, "road": road}[name]
+    settings = {"percentiles": [25, 50]} if name == "road" else {"steps": 4}
+
+    def run(model: nn.Module, inputs: object, maps: torch.Tensor, **options: object) -> object:
+        return metric(model, inputs, maps, batch_size=4, **settings, **options)  # 4: groups of 3 images split
+
+    images, maps, scale = torch.randn(3, 3, 8, 8), torch.rand(3, 8, 8), torch.tensor([1.0, -2.0, 0.5])
+    options = {"noise": 0} if name == "road" else {"baseline": "zeros"}  # both commute with the scale
+    expected = curves(run(model, images * scale[:, None, None, None], maps, target=[1, 2, 3], **options))
+    for inputs in (
+        {"pixel_values": images, "scale": scale},  # model(**inputs); the scale goes with its image
+        MappingProxyType({"pixel_values": images, "scale": scale}),  # any Mapping (a HuggingFace BatchFeature)
+        (images, scale),  # model(*inputs)
+    ):
+        torch.testing.assert_close(curves(run(model, inputs, maps, target=[1, 2, 3], **options)), expected)
+    one = curves(run(model, {"pixel_values": images[1]}, maps[1], target=2, **options))  # one image, one map
+    torch.testing.assert_close(one, curves(run(model, images[1:2], maps[1:2], target=2, **options)))
+
+
+def test_road_of_a_batch_is_the_road_of_each_image():
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(3, 4, 3), nn.Tanh(), nn.Flatten(), nn.Linear(4 * 10 * 10, 3)).eval()
+    images, maps = torch.randn(3, 3, 12, 12), torch.rand(3, 12, 12)
+    exact = road(model, images, maps, percentiles=[20, 50, 70], noise=0, batch_size=4)
+    for i in range(3):
+        alone = road(model, images[i], maps[i], percentiles=[20, 50, 70], noise=0)
+        torch.testing.assert_close(alone.morf[0], exact.morf[i])
+        torch.testing.assert_close(alone.lerf[0], exact.lerf[i])
+    noisy, first = (road(model, x, m, percentiles=[20, 50, 70]) for x, m in ((images, maps), (images[:1], maps[:1])))
+    torch.testing.assert_close(first.morf[0], noisy.morf[0])  # an image's noise does not depend on the images after it
+    torch.testing.assert_close(first.lerf[0], noisy.lerf[0])
 
 
 def test_none_keeps_the_class_of_the_unperturbed_image():
@@ -212,9 +280,9 @@ def test_metrics_of_a_cam_end_to_end(tiny_cnn):
 def test_bad_inputs_get_clear_errors():
     model = PixelSum()
     images, maps = torch.randn(2, 3, 8, 8), torch.rand(2, 8, 8)
-    with pytest.raises(ValueError, match=r"got maps \(2, 1, 8, 8\) for inputs \(2, 3, 8, 8\); drop the channel axis"):
+    with pytest.raises(ValueError, match=r"got maps \(2, 1, 8, 8\) for images \(2, 3, 8, 8\); drop the channel axis"):
         deletion(model, images, maps[:, None])
-    with pytest.raises(ValueError, match=r"got maps \(2, 4, 4\) for inputs \(2, 3, 8, 8\); upsample the maps"):
+    with pytest.raises(ValueError, match=r"got maps \(2, 4, 4\) for images \(2, 3, 8, 8\); upsample the maps"):
         deletion(model, images, maps[:, :4, :4])
     with pytest.raises(ValueError, match=r"got maps \(3, 8, 8\)"):
         insertion(model, images, torch.rand(3, 8, 8))
@@ -234,7 +302,11 @@ def test_bad_inputs_get_clear_errors():
         insertion(model, images, maps, batch_size=0)
     with pytest.raises(TypeError, match="floating-point"):
         deletion(model, images.to(torch.uint8), maps)
-    with pytest.raises(ValueError, match=r"a callable `target` must return scores of shape \(4,\)"):
-        deletion(model, images, maps, lambda out: out[:2, 0], steps=2, batch_size=5)  # 4 perturbed images
+    with pytest.raises(ValueError, match=r"a callable `target` must return scores of shape \(2,\)"):
+        deletion(model, images, maps, lambda out: out[:1, 0], steps=2, batch_size=5)
+    with pytest.raises(TypeError, match="a list of images"):
+        deletion(model, list(images), maps)
+    with pytest.raises(TypeError, match=r"a mapping with pixel_values \(B, C, H, W\)"):
+        deletion(model, {"x": images}, maps)
     with pytest.warns(UserWarning, match=r"the map of item\(s\) \[1\] is constant"):
         deletion(model, images, torch.stack([maps[0], torch.zeros(8, 8)]), steps=2)
