@@ -138,3 +138,16 @@ def test_an_interrupted_test_leaves_the_model_and_the_random_state_alone(tiny_cn
     assert calls[0] is tiny_cnn and calls[1] is not tiny_cnn  # the original maps, then a copy
     assert all(torch.equal(tiny_cnn.state_dict()[k], v) for k, v in parameters.items())
     assert torch.equal(torch.random.get_rng_state(), rng) and tiny_cnn.training is False
+
+
+def test_maps_are_compared_after_min_max_scaling_and_one_image_is_a_batch_of_one(tiny_cnn):
+    images = torch.randn(2, 3, 16, 16)
+    maps = gradcam(tiny_cnn, images, None)
+    rescaled = randomization_test(lambda m, x, t: maps if m is tiny_cnn else 5 * maps - 3, tiny_cnn, images)
+    torch.testing.assert_close(rescaled.spearman, torch.ones(3, 2))  # an affine map of a map is the same map
+    torch.testing.assert_close(rescaled.ssim, torch.ones(3, 2))
+    single = randomization_test(gradcam, tiny_cnn, images[1], layers="fc")  # (C, H, W) in, (H, W) maps out
+    batch = randomization_test(gradcam, tiny_cnn, images, layers="fc")
+    assert single.maps.shape == (1, 1, 16, 16)
+    torch.testing.assert_close(single.maps[:, 0], batch.maps[:, 1])
+    torch.testing.assert_close(single.spearman[:, 0], batch.spearman[:, 1])
