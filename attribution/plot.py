@@ -441,9 +441,9 @@ def plot_randomization(
         raise TypeError("plot_randomization() draws a figure of its own, one panel per stage")
     panels = [("original", result.original[item])]
     for s, stage in enumerate(result.stages):
-        rho, similarity = float(result.spearman[s, item]), float(result.ssim[s, item])
+        rho, similarity = (_number(float(x[s, item])) for x in (result.spearman, result.ssim))
         label = f"{'up to ' if result.mode == 'cascading' and s else ''}{stage}"
-        panels.append((f"{label}\nSpearman {rho:.2f}, SSIM {similarity:.2f}", result.maps[s, item]))
+        panels.append((f"{label}\nSpearman {rho}, SSIM {similarity}", result.maps[s, item]))
     cols = min(ncols, len(panels))
     rows = -(-len(panels) // cols)
     fig, axes = plt.subplots(rows, cols, figsize=(2.2 * cols, 2.5 * rows), squeeze=False)
@@ -461,3 +461,8 @@ def plot_randomization(
     fig.suptitle(f"{result.mode.capitalize()} randomisation: each stage's map against the original", fontsize=10)
     fig.tight_layout()
     return fig
+
+
+def _number(value: float) -> str:
+    """Two decimals, or "n/a" for NaN (the Spearman correlation of a constant map)."""
+    return "n/a" if value != value else f"{value:.2f}"

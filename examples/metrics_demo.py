@@ -49,8 +49,8 @@ def main(out: Path) -> None:
     }
     boxes = torch.tensor([BOXES[name] for name in names])
     print(f"EfficientNet-Lite0, layer bn2, on {', '.join(names)}: top classes {[categories[c] for c in classes]}")
-    print(f"\n{'method':10s} {'photo':13s} deletion insertion  ROAD  pointing  Spearman after randomising")
-    print(f"{'':10s} {'':13s}   AUC ↓    AUC ↑    ↑    hit  energy   classifier   all {len(STAGES)} stages")
+    print(f"\n{'method':10s} {'photo':13s} deletion insertion  ROAD  pointing    randomised: Spearman, SSIM")
+    print(f"{'':10s} {'':13s}   AUC ↓    AUC ↑    ↑    hit  energy   classifier ↓  all {len(STAGES)} stages ↓")
     curves = {}
     for method, explain in methods.items():
         maps = explain(model, images, classes)
@@ -64,7 +64,7 @@ def main(out: Path) -> None:
             print(
                 f"{method:10s} {name:13s} {gone.auc[i]:8.3f} {shown.auc[i]:8.3f} {roads.auc[i]:6.3f} "
                 f"{'yes' if points.hit[i] else 'no':>5s} {points.energy[i]:7.2f} {sanity.spearman[0, i]:11.2f} "
-                f"{sanity.spearman[-1, i]:8.2f}"
+                f"{sanity.ssim[-1, i]:14.2f}"
             )
         if method == "Grad-CAM":
             fig = plot_randomization(sanity, images[0], mean=MEAN, std=STD, ncols=7, alpha=0.5)

@@ -81,11 +81,10 @@ def test_randomization_grid_shows_each_stage_with_its_scores():
 
 
 def test_randomization_grid_over_the_image():
-    result = RandomizationResult(
-        "independent", ["fc"], torch.rand(2, 8, 8), torch.rand(1, 2, 8, 8), torch.zeros(1, 2), torch.zeros(1, 2)
-    )
+    rho = torch.tensor([[0.0, float("nan")]])  # a constant map has no rank correlation
+    result = RandomizationResult("independent", ["fc"], torch.rand(2, 8, 8), torch.rand(1, 2, 8, 8), rho, rho * 0)
     fig = plot_randomization(result, torch.rand(3, 32, 32), item=1, alpha=0.3)
-    assert [ax.get_title() for ax in fig.axes] == ["original", "fc\nSpearman 0.00, SSIM 0.00"]
+    assert [ax.get_title() for ax in fig.axes] == ["original", "fc\nSpearman n/a, SSIM n/a"]
     assert fig.axes[0].images[-1].get_alpha() == 0.3 and len(fig.axes[0].images) == 2  # the photo, then the map
     plt.close(fig)
     with pytest.raises(ValueError, match="`item` 2 is out of range"):
