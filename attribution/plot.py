@@ -446,7 +446,7 @@ def plot_randomization(
         panels.append((f"{label}\nSpearman {rho}, SSIM {similarity}", result.maps[s, item]))
     cols = min(ncols, len(panels))
     rows = -(-len(panels) // cols)
-    fig, axes = plt.subplots(rows, cols, figsize=(2.2 * cols, 2.5 * rows), squeeze=False)
+    fig, axes = plt.subplots(rows, cols, figsize=(2.2 * cols, 2.5 * rows), squeeze=False, layout="constrained")
     for ax, panel in zip(axes.flat, [*panels, *[None] * (rows * cols - len(panels))], strict=True):
         if panel is None:
             ax.set_axis_off()
@@ -459,7 +459,6 @@ def plot_randomization(
             ax.set_axis_off()
         ax.set_title(name, fontsize=8)
     fig.suptitle(f"{result.mode.capitalize()} randomisation: each stage's map against the original", fontsize=10)
-    fig.tight_layout()
     return fig
 
 

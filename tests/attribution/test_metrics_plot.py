@@ -69,9 +69,15 @@ def test_randomization_grid_shows_each_stage_with_its_scores():
     titles = [ax.get_title() for ax in fig.axes]
     assert titles == ["original", "fc\nSpearman 0.50, SSIM 0.40", "up to layer4\nSpearman -0.25, SSIM 0.10", ""]
     assert not fig.axes[3].images  # the unused fourth panel of the 2 x 2 grid is empty
+    fig.canvas.draw()
+    renderer = fig.canvas.get_renderer()
+    lowest_above = min(ax.get_window_extent(renderer).y0 for ax in fig.axes[:2])
+    assert fig.axes[2].title.get_window_extent(renderer).y1 <= lowest_above  # titles clear the panels above
     for ax in fig.axes[:3]:
         ax.set_title("")
-    fig.subplots_adjust(0, 0, 1, 1, 0, 0)
+    fig.set_layout_engine("none")
+    for i, ax in enumerate(fig.axes):  # each panel fills its quadrant
+        ax.set_position([i % 2 / 2, 0.5 - i // 2 / 2, 0.5, 0.5])
     fig.set_size_inches(4, 4)
     pixels = render(fig)  # 200 x 200: panels of 100 x 100, each map's quadrants 50 x 50
     hot, cold = np.array([0.5, 0.0, 0.0]), np.array([0.0, 0.0, 0.5])  # jet's ends
