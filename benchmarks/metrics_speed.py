@@ -1,0 +1,186 @@
+"""Metric time against the floor and the peers: deletion + insertion vs torchcam, ROAD vs pytorch-grad-cam, one process.
+
+Run from the repository root: python -m benchmarks.metrics_speed [--rounds 3] [--models resnet50 efficientnet_lite0]
+[--statistic min] [--rst docs/methods/metrics_speed.inc]
+
+Random weights (the time does not depend on them), 2 images of 224x224, smooth maps (7x7 upsampled, like a CAM),
+given classes, 2 threads, perturbed images in batches of 32 everywhere. The *floor* is the model's forwards under
+``torch.no_grad()`` on the same perturbed images, prepared beforehand and run in the same batches: no
+implementation of the metric can take less. hookscope runs one unperturbed forward per call on top (two for
+deletion + insertion). The variants take turns in each round, so that drift on a shared machine hits them alike;
+times are the minimum over the rounds (``--statistic median`` for medians): on a 2-core machine shared with other
+jobs, the least disturbed run is the best estimate of each variant's own time. Peers that are not installed are
+left out.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import functools
+import os
+from collections.abc import Callable
+from pathlib import Path
+from statistics import median
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+import torchvision
+
+from attribution.metrics import deletion, insertion, road
+from attribution.metrics._impute import noisy_linear_imputation
+from attribution.metrics._perturb import make_baseline, pixel_ranks, replace_top, step_counts
+from benchmarks._timing import interleaved, setup, table
+
+BATCH, SIZE, STEPS, CHUNK = 2, 224, 20, 32
+PERCENTILES = (10, 20, 30, 40, 50, 60, 70, 80, 90)
+
+
+def build(name: str) -> torch.nn.Module:
+    if name == "resnet50":
+        return torchvision.models.resnet50(weights=None).eval()
+    import timm
+
+    return timm.create_model("tf_efficientnet_lite0", pretrained=False).eval()
+
+
+def forwards(model: torch.nn.Module, images: torch.Tensor) -> Callable[[], Any]:
+    """The floor: the model on prepared images, in batches of CHUNK, without autograd."""
+
+    def run() -> Any:
+        with torch.no_grad():
+            return [model(images[i : i + CHUNK]) for i in range(0, len(images), CHUNK)]
+
+    return run
+
+
+class GivenMaps:
+    """A torchcam CAM extractor returning fixed maps, so that torchcam's metric does only the metric's work."""
+
+    def __init__(self, model: torch.nn.Module, maps: torch.Tensor) -> None:
+        self.model, self.maps = model, maps
+
+    def __call__(self, class_idx: object = None, scores: object = None, normalized: bool = True, **kw: object) -> Any:
+        return [self.maps]
+
+    def fuse_cams(self, cams: list[torch.Tensor]) -> torch.Tensor:
+        return cams[0]
+
+    def _hooks_off(self) -> contextlib.AbstractContextManager[None]:
+        return contextlib.nullcontext()
+
+
+def curves_variants(model: torch.nn.Module, x: torch.Tensor, maps: torch.Tensor, classes: list[int]) -> dict:
+    ranks, counts, zeros = pixel_ranks(maps), step_counts(SIZE * SIZE, STEPS), make_baseline("zeros", x)
+    items = torch.arange(BATCH).repeat_interleave(STEPS)
+    perturbed = torch.cat(
+        [
+            replace_top(x, zeros, ranks, items, counts[1:].repeat(BATCH)),  # deletion's points after the first
+            replace_top(zeros, x, ranks, items, counts[:-1].repeat(BATCH)),  # insertion's points before the last
+        ]
+    )
+    variants: dict[str, Callable[[], Any]] = {"perturbed forwards (floor)": forwards(model, perturbed)}
+    variants["hookscope deletion + insertion"] = lambda: (
+        deletion(model, x, maps, classes, steps=STEPS, batch_size=CHUNK),
+        insertion(model, x, maps, classes, steps=STEPS, batch_size=CHUNK, baseline="zeros"),
+    )
+    try:
+        from torchcam.metrics import DeletionInsertionMetric
+
+        def torchcam() -> Any:
+            metric = DeletionInsertionMetric(
+                GivenMaps(model, maps), functools.partial(torch.softmax, dim=-1), steps=STEPS, batch_size=CHUNK
+            )
+            metric.update(x, class_idx=classes)
+            return metric.summary()
+
+        variants["torchcam 0.5 DeletionInsertionMetric"] = torchcam
+    except ImportError:
+        pass
+    return variants
+
+
+def road_variants(model: torch.nn.Module, x: torch.Tensor, maps: torch.Tensor, classes: list[int]) -> dict:
+    ranks, pixels = pixel_ranks(maps), SIZE * SIZE
+    removed = []
+    for i in range(BATCH):
+        for order in ("morf", "lerf"):
+            for q in PERCENTILES:
+                k = round(q / 100 * pixels)
+                removed.append((ranks[i] < k) if order == "morf" else (ranks[i] >= pixels - k))
+    masks = torch.stack(removed).view(-1, SIZE, SIZE)
+    sources = x.repeat_interleave(2 * len(PERCENTILES), dim=0)
+    imputed = noisy_linear_imputation(sources, masks)
+
+    def impute() -> Any:
+        return [
+            noisy_linear_imputation(sources[i : i + CHUNK], masks[i : i + CHUNK]) for i in range(0, len(masks), CHUNK)
+        ]
+
+    variants: dict[str, Callable[[], Any]] = {
+        "imputed forwards (floor)": forwards(model, imputed),
+        "hookscope road": lambda: road(model, x, maps, classes, batch_size=CHUNK),
+        "  its imputation alone": impute,
+    }
+    try:
+        from pytorch_grad_cam.metrics.road import ROADCombined
+        from pytorch_grad_cam.utils.model_targets import ClassifierOutputSoftmaxTarget
+
+        targets = [ClassifierOutputSoftmaxTarget(c) for c in classes]
+        cams = maps.numpy()
+        combined = ROADCombined(percentiles=list(PERCENTILES))
+        variants["pytorch-grad-cam 1.5 ROADCombined"] = lambda: combined(x, cams, targets, model)
+    except ImportError:
+        pass
+    return variants
+
+
+def rows(times: dict[str, float]) -> list[list[str]]:
+    floor = next(iter(times.values()))
+    return [[name, f"{t:.2f}", f"{t / floor:.2f}"] for name, t in times.items()]
+
+
+def rst(sections: list[tuple[str, list[list[str]]]]) -> str:
+    out = []
+    for title, body in sections:
+        out += [title, "", ".. list-table::", "   :header-rows: 1", "   :widths: 50 25 25", ""]
+        for row in [["variant", "time (s)", "x floor"], *body]:
+            out.append(f"   * - {row[0].strip()}")
+            out += [f"     - {cell}" for cell in row[1:]]
+        out.append("")
+    return "\n".join(out)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--models", nargs="+", default=["resnet50", "efficientnet_lite0"])
+    parser.add_argument("--rst", type=Path, help="also write the tables as reStructuredText here")
+    parser.add_argument("--statistic", choices=["min", "median"], default="min", help="of the rounds' times")
+    args = parser.parse_args()
+    setup(2)
+    sections = []
+    for name in args.models:
+        model = build(name)
+        x = torch.randn(BATCH, 3, SIZE, SIZE)
+        maps = F.interpolate(torch.rand(BATCH, 1, 7, 7), size=(SIZE, SIZE), mode="bilinear")[:, 0]
+        classes = list(range(BATCH))
+        for what, variants in [
+            (f"deletion + insertion, {STEPS} steps each", curves_variants(model, x, maps, classes)),
+            (f"ROAD, {len(PERCENTILES)} percentiles, MoRF and LeRF", road_variants(model, x, maps, classes)),
+        ]:
+            load = os.getloadavg()[0]
+            times = interleaved(variants, repeats=args.rounds, statistic=min if args.statistic == "min" else median)
+            title = f"{name}, {what}; {BATCH} images; {args.statistic} of {args.rounds}; load average {load:.1f} before"
+            print(title, f"and {os.getloadavg()[0]:.1f} after", flush=True)
+            print(table(["variant", "s", "x floor"], rows(times)), "\n", flush=True)
+            sections.append(
+                (f"**{name}**, {what} ({args.statistic} of {args.rounds}, load average {load:.1f}):", rows(times))
+            )
+    if args.rst:
+        args.rst.write_text(rst(sections))
+
+
+if __name__ == "__main__":
+    main()
