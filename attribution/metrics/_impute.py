@@ -37,13 +37,16 @@ class _Grid(NamedTuple):
 def _neighbour_sum(x: torch.Tensor) -> torch.Tensor:
     """``sum_j w_ij x_j`` over the 8 neighbours inside the grid: ``([1 2 1] x [1 2 1] - 4 delta) / 12``, zero outside.
 
-    Shifted slices rather than a convolution: several times faster than oneDNN's on single-channel 3x3 kernels.
+    Shifted in-place additions on slices rather than a convolution (several times faster than oneDNN's on
+    single-channel 3x3 kernels) or padding (a copy of the grid).
     """
-    padded = F.pad(x, (1, 1, 1, 1))
-    rows = padded[..., :, :-2] + padded[..., :, 2:]
-    rows.add_(padded[..., :, 1:-1], alpha=2)
-    total = rows[..., :-2, :] + rows[..., 2:, :]
-    return total.add_(rows[..., 1:-1, :], alpha=2).add_(x, alpha=-4).mul_(1 / 12)
+    rows = x * 2
+    rows[..., 1:].add_(x[..., :-1])
+    rows[..., :-1].add_(x[..., 1:])
+    total = rows * 2
+    total[..., 1:, :].add_(rows[..., :-1, :])
+    total[..., :-1, :].add_(rows[..., 1:, :])
+    return total.sub_(x, alpha=4).mul_(1 / 12)
 
 
 def _apply(grid: _Grid, x: torch.Tensor) -> torch.Tensor:
