@@ -142,8 +142,12 @@ class Trace:
         return first.start if site == "input" else first.end + 1  # output: its own call ends before the site
 
 
-def plan(trace: Trace, time: int, hooked: set[int]) -> dict[tuple[int, int], Any]:
-    """The calls to replay for a site at clock ``time``: ``(module id, call number) -> recorded output``."""
+def plan_sites(trace: Trace, times: Sequence[int | None], hooked: set[int]) -> list[dict[tuple[int, int], Any]]:
+    """The calls to replay for a site at each clock time (None: no site, nothing replayed).
+
+    A plan maps ``(module id, call number)`` to the recorded output. Which calls may be replayed does not depend on
+    the site, so it is decided once for all of them.
+    """
     calls_of: dict[int, int] = {}
     for c in trace.calls:
         calls_of[id(c.module)] = calls_of.get(id(c.module), 0) + 1
@@ -158,20 +162,25 @@ def plan(trace: Trace, time: int, hooked: set[int]) -> dict[tuple[int, int], Any
             counts[id(below.module)] = counts.get(id(below.module), 0) + 1
         return all(calls_of[key] == n for key, n in counts.items())  # modules inside run only inside
 
-    chosen: dict[tuple[int, int], Any] = {}
+    replayable = {id(c) for c in trace.calls if usable(c)}
 
-    def cover(c: _Call) -> None:
-        if usable(c):
-            chosen[id(c.module), c.index] = c.output
-        else:
-            for child in c.children:
-                cover(child)
+    def plan(time: int) -> dict[tuple[int, int], Any]:
+        chosen: dict[tuple[int, int], Any] = {}
 
-    for c in trace.calls:
-        if c.parent is None or c.parent.end >= time:  # outermost among the calls that end before the site
-            if c.end < time:
-                cover(c)
-    return chosen
+        def cover(c: _Call) -> None:
+            if id(c) in replayable:
+                chosen[id(c.module), c.index] = c.output
+            else:
+                for child in c.children:
+                    cover(child)
+
+        for c in trace.calls:
+            if c.parent is None or c.parent.end >= time:  # outermost among the calls that end before the site
+                if c.end < time:
+                    cover(c)
+        return chosen
+
+    return [plan(t) if t is not None else {} for t in times]
 
 
 class Replay:
@@ -271,7 +280,7 @@ def replaying(
         yield trace.output, None, None
         return
     times = [trace.site(name, site) for name, site in sites]
-    plans = [plan(trace, t, hooked) if t is not None else {} for t in times]
+    plans = plan_sites(trace, times, hooked)
     latest = plans[max(range(len(plans)), key=lambda i: times[i] or -1)] if plans else {}
     modules = [c.module for c in trace.calls if any((id(c.module), c.index) in p for p in plans)]
     del trace.calls  # only the chosen outputs stay alive

@@ -26,13 +26,19 @@ def interleaved(
     warmup: int = 1,
     statistic: Callable[[list[float]], float] = statistics.median,
 ) -> dict[str, float]:
-    """Median (or ``statistic``) wall time of each variant; the variants run in turn so that drift hits all alike."""
+    """Median (or ``statistic``) wall time of each variant; the variants run in turn so that drift hits all alike.
+
+    Round ``r`` starts with variant ``r`` (modulo their number), so that no variant always runs first, after the
+    last one of the previous round.
+    """
     for fn in variants.values():
         for _ in range(warmup):
             fn()
     times: dict[str, list[float]] = {name: [] for name in variants}
-    for _ in range(repeats):
-        for name, fn in variants.items():
+    names = list(variants)
+    for r in range(repeats):
+        for name in names[r % len(names) :] + names[: r % len(names)]:
+            fn = variants[name]
             gc.collect()
             start = time.perf_counter()
             fn()

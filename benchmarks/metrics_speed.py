@@ -6,11 +6,12 @@ Run from the repository root: python -m benchmarks.metrics_speed [--rounds 3] [-
 Random weights (the time does not depend on them), 2 images of 224x224, smooth maps (7x7 upsampled, like a CAM),
 given classes, 2 threads, perturbed images in batches of 32 everywhere. The *floor* is the model's forwards under
 ``torch.no_grad()`` on the same perturbed images, prepared beforehand and run in the same batches: no
-implementation of the metric can take less. hookscope runs one unperturbed forward per call on top (two for
-deletion + insertion). The variants take turns in each round, so that drift on a shared machine hits them alike;
-times are the minimum over the rounds (``--statistic median`` for medians): on a 2-core machine shared with other
-jobs, the least disturbed run is the best estimate of each variant's own time. Peers that are not installed are
-left out.
+implementation of the metric can take less. hookscope runs one unperturbed forward per call on top; with both
+curves in one call (``deletion_insertion``, one baseline) that forward and the all-zeros image are shared, as in
+torchcam, and the forwards are as many as the floor's. The variants take turns in each round, so that drift on a
+shared machine hits them alike; times are the minimum over the rounds (``--statistic median`` for medians): on a
+2-core machine shared with other jobs, the least disturbed run is the best estimate of each variant's own time.
+Peers that are not installed are left out.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ import torch
 import torch.nn.functional as F
 import torchvision
 
-from attribution.metrics import deletion, insertion, road
+from attribution.metrics import deletion, deletion_insertion, insertion, road
 from attribution.metrics._impute import noisy_linear_imputation
 from attribution.metrics._perturb import make_baseline, pixel_ranks, replace_top, step_counts
 from benchmarks._timing import interleaved, setup, table
@@ -81,7 +82,10 @@ def curves_variants(model: torch.nn.Module, x: torch.Tensor, maps: torch.Tensor,
         ]
     )
     variants: dict[str, Callable[[], Any]] = {"perturbed forwards (floor)": forwards(model, perturbed)}
-    variants["hookscope deletion + insertion"] = lambda: (
+    variants["hookscope deletion_insertion (one call)"] = lambda: deletion_insertion(
+        model, x, maps, classes, baselines=("zeros", "zeros"), steps=STEPS, batch_size=CHUNK
+    )
+    variants["hookscope deletion + insertion (two calls)"] = lambda: (
         deletion(model, x, maps, classes, steps=STEPS, batch_size=CHUNK),
         insertion(model, x, maps, classes, steps=STEPS, batch_size=CHUNK, baseline="zeros"),
     )

@@ -14,7 +14,7 @@ Example:
     (torch.Size([2]), torch.Size([2, 9]))
 """
 
-from .deletion import CurveResult, deletion, insertion
+from .deletion import CurveResult, deletion, deletion_insertion, insertion
 from .pointing import PointingResult, pointing_game
 from .randomization import RandomizationResult, randomization_test
 from .road import RoadResult, road
@@ -25,6 +25,7 @@ __all__ = [
     "RandomizationResult",
     "RoadResult",
     "deletion",
+    "deletion_insertion",
     "insertion",
     "pointing_game",
     "randomization_test",

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from typing import Any
+
+import pytest
 import torch
 from torch import nn
 
@@ -105,3 +108,22 @@ def tiny_gpt() -> tuple[TinyGPT, dict]:
     model = TinyGPT(config)
     model.load_state_dict(torch.load(DATA / "patching" / "tiny_model_state.pt", weights_only=True))
     return model.eval(), torch.load(DATA / "patching" / "patching_reference.pt", weights_only=True)
+
+
+def tiny_llama(**config: Any) -> nn.Module:
+    """A tiny HuggingFace Llama (2 layers, 4 heads, 2 key-value heads) with seed-0 random weights, in eval mode.
+
+    ``config`` overrides ``LlamaConfig`` settings; the test is skipped where transformers is not installed.
+    """
+    transformers = pytest.importorskip("transformers")
+    settings = {
+        "vocab_size": 50,
+        "hidden_size": 32,
+        "intermediate_size": 64,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "max_position_embeddings": 16,
+    }
+    torch.manual_seed(0)
+    return transformers.LlamaForCausalLM(transformers.LlamaConfig(**{**settings, **config})).eval()

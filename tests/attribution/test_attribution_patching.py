@@ -9,7 +9,7 @@ from torch import nn
 
 from attribution import activation_patching
 from attribution.attribution_patching import attribution_patching, cell_sums
-from tests.attribution.models import tiny_gpt
+from tests.attribution.models import tiny_gpt, tiny_llama
 from tests.conftest import DATA, hook_state
 
 
@@ -373,12 +373,7 @@ def test_an_in_place_change_of_the_site_tensor_later_in_the_forward():
 
 def test_a_huggingface_model_with_a_batch_encoding_and_keyword_sites():
     transformers = pytest.importorskip("transformers")
-    config = transformers.LlamaConfig(
-        vocab_size=50, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=2, max_position_embeddings=16,
-    )  # fmt: skip
-    torch.manual_seed(0)
-    model = transformers.LlamaForCausalLM(config).double().eval()
+    model = tiny_llama().double()
     ids = torch.randint(0, 50, (2, 6))
     changed = ids.clone()
     changed[:, 2] = (changed[:, 2] + 1) % 50

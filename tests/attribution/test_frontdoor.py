@@ -14,6 +14,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from attribution import AttentionRollout, GradCAM, GradientRollout, patch, record, targets
+from tests.attribution.models import tiny_llama
 from tests.conftest import TinyCNN, hook_state
 
 
@@ -281,23 +282,8 @@ def test_checkpointing_gives_the_same_maps_or_names_the_cause(layer):
 
 
 # -- sites ---------------------------------------------------------------------------------------------------------
-def tiny_llama():
-    transformers = pytest.importorskip("transformers")
-    torch.manual_seed(0)
-    config = transformers.LlamaConfig(
-        vocab_size=50,
-        hidden_size=16,
-        intermediate_size=32,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        num_key_value_heads=2,
-        max_position_embeddings=32,
-    )
-    return transformers.LlamaForCausalLM(config).eval()
-
-
 def test_input_site_reaches_keyword_only_arguments_and_can_name_them():
-    model = tiny_llama()
+    model = tiny_llama(hidden_size=16, intermediate_size=32, num_attention_heads=2, max_position_embeddings=32)
     tokens = torch.randint(0, 50, (2, 5))
     site = "model.layers.0.self_attn"  # called as self_attn(hidden_states=..., ...): no positional argument
     with (

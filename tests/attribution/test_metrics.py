@@ -10,7 +10,7 @@ import torch
 from torch import nn
 
 from attribution import GradCAM, targets
-from attribution.metrics import deletion, insertion, road
+from attribution.metrics import deletion, deletion_insertion, insertion, road
 from tests.conftest import hook_state
 
 
@@ -48,6 +48,43 @@ def test_insertion_by_hand():
     assert result.auc.tolist() == [pytest.approx(0.25 * (0.5 + 3 + 6.5 + 9))]
     mean = insertion(PixelSum(), IMAGE, MAP, 0, steps=2, score="logit", baseline="mean")
     assert mean.scores.tolist() == [[10, 2.5 * 2 + 1 + 4, 10]]  # the mean image sums to the image's sum
+
+
+def test_deletion_insertion_by_hand_runs_the_shared_points_once():
+    model = PixelSum()
+    removed, revealed = deletion_insertion(model, IMAGE, MAP, 0, baselines=("zeros", "zeros"), steps=4, score="logit")
+    assert (removed.kind, revealed.kind) == ("deletion", "insertion")
+    assert removed.scores.tolist() == [[10, 9, 5, 2, 0]]
+    assert revealed.scores.tolist() == [[0, 1, 5, 8, 10]]
+    assert model.calls == [1, 7]  # the unperturbed image, then 4 deletion points and 3 insertion points: 2 * steps
+    model.calls.clear()
+    removed, revealed = deletion_insertion(model, IMAGE, MAP, 0, baselines=("zeros", "mean"), steps=2, score="logit")
+    assert revealed.scores.tolist() == [[10, 2.5 * 2 + 1 + 4, 10]]  # as insertion(baseline="mean") by hand
+    assert model.calls == [1, 4]  # two baselines: insertion's all-baseline point is its own forward
+
+
+@pytest.mark.parametrize("baselines", [("zeros", "blur"), ("mean", "mean")])
+def test_deletion_insertion_equals_the_two_calls(baselines):
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(3, 4, 3), nn.ReLU(), nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(4, 6))
+    model = model.double().eval()
+    images, maps = torch.randn(3, 3, 12, 12, dtype=torch.float64), torch.rand(3, 12, 12)
+    both = deletion_insertion(model, images, maps, [1, 2, 3], baselines=baselines, steps=7, batch_size=5)
+    apart = (
+        deletion(model, images, maps, [1, 2, 3], baseline=baselines[0], steps=7, batch_size=5),
+        insertion(model, images, maps, [1, 2, 3], baseline=baselines[1], steps=7, batch_size=5),
+    )
+    for combined, alone in zip(both, apart, strict=True):
+        assert combined.kind == alone.kind
+        torch.testing.assert_close(combined.fractions, alone.fractions)
+        torch.testing.assert_close(combined.scores, alone.scores, rtol=1e-12, atol=1e-12)  # other batches, float64
+        torch.testing.assert_close(combined.auc, alone.auc, rtol=1e-12, atol=1e-12)
+    by_callable = deletion_insertion(model, images, maps, targets.ClassLogit([1, 2, 3]), baselines=baselines, steps=7)
+    by_class = deletion_insertion(model, images, maps, [1, 2, 3], baselines=baselines, steps=7, score="logit")
+    for a, b in zip(by_callable, by_class, strict=True):
+        torch.testing.assert_close(a.scores, b.scores)
+    with pytest.raises(TypeError, match="pair"):
+        deletion_insertion(model, images, maps, baselines="zeros")
 
 
 def test_steps_that_do_not_divide_the_pixels_and_batches_of_any_size():
@@ -241,6 +278,7 @@ def assert_same(model: nn.Module, before: dict) -> None:
 METRICS = {
     "deletion": lambda m, x, s, **k: deletion(m, x, s, steps=4, batch_size=3, **k),
     "insertion": lambda m, x, s, **k: insertion(m, x, s, steps=4, batch_size=3, **k),
+    "deletion_insertion": lambda m, x, s, **k: deletion_insertion(m, x, s, steps=4, batch_size=3, **k)[1],
     "road": lambda m, x, s, **k: road(m, x, s, percentiles=[25, 50], batch_size=3, **k),
 }
 

@@ -8,7 +8,7 @@ from torch import nn
 
 from attribution import activation_patching
 from attribution.path_patching import path_patching
-from tests.attribution.models import tiny_gpt
+from tests.attribution.models import tiny_gpt, tiny_llama
 from tests.conftest import hook_state
 
 
@@ -187,12 +187,7 @@ def test_a_huggingface_model_with_a_batch_encoding():
     """Nothing frozen and the whole final residual stream received: activation patching (noising), to the last bit;
     the heads of the last layer reach the last position's residual stream only directly."""
     transformers = pytest.importorskip("transformers")
-    config = transformers.LlamaConfig(
-        vocab_size=50, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=2, max_position_embeddings=16,
-    )  # fmt: skip
-    torch.manual_seed(0)
-    model = transformers.LlamaForCausalLM(config).double().eval()
+    model = tiny_llama().double()
     ids = torch.randint(0, 50, (2, 6))
     changed = ids.clone()
     changed[:, 2] = (changed[:, 2] + 1) % 50

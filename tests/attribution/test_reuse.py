@@ -10,6 +10,7 @@ import torch
 from torch import nn
 
 from attribution import activation_patching
+from tests.attribution.models import tiny_llama
 
 from .models import tiny_gpt
 
@@ -272,18 +273,7 @@ def test_another_thread_running_the_model_during_the_sweep_sees_the_plain_model(
 
 
 def test_huggingface_llama_bitwise_with_keyword_sites():
-    transformers = pytest.importorskip("transformers")
-    torch.manual_seed(0)
-    config = transformers.LlamaConfig(
-        vocab_size=50,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=3,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=32,
-    )
-    model = transformers.LlamaForCausalLM(config).eval()
+    model = tiny_llama(num_hidden_layers=3, max_position_embeddings=32)
     clean = torch.randint(1, 50, (2, 6))
     corrupted = clean.clone()
     corrupted[:, 1] = clean[:, 1] % 49 + 1
