@@ -1,7 +1,7 @@
 """Metric time against the floor and the peers: deletion + insertion vs torchcam, ROAD vs pytorch-grad-cam, one process.
 
 Run from the repository root: python -m benchmarks.metrics_speed [--rounds 3] [--models resnet50 efficientnet_lite0]
-[--statistic min] [--rst docs/methods/metrics_speed.inc]
+[--statistic min] [--only curves|road] [--rst docs/methods/metrics_speed.inc]
 
 Random weights (the time does not depend on them), 2 images of 224x224, smooth maps (7x7 upsampled, like a CAM),
 given classes, 2 threads, perturbed images in batches of 32 everywhere. The *floor* is the model's forwards under
@@ -162,6 +162,7 @@ def main() -> None:
     parser.add_argument("--models", nargs="+", default=["resnet50", "efficientnet_lite0"])
     parser.add_argument("--rst", type=Path, help="also write the tables as reStructuredText here")
     parser.add_argument("--statistic", choices=["min", "median"], default="min", help="of the rounds' times")
+    parser.add_argument("--only", choices=["curves", "road"], help="time only deletion + insertion, or only ROAD")
     args = parser.parse_args()
     setup(2)
     sections = []
@@ -170,10 +171,14 @@ def main() -> None:
         x = torch.randn(BATCH, 3, SIZE, SIZE)
         maps = F.interpolate(torch.rand(BATCH, 1, 7, 7), size=(SIZE, SIZE), mode="bilinear")[:, 0]
         classes = list(range(BATCH))
-        for what, variants in [
-            (f"deletion + insertion, {STEPS} steps each", curves_variants(model, x, maps, classes)),
-            (f"ROAD, {len(PERCENTILES)} percentiles, MoRF and LeRF", road_variants(model, x, maps, classes)),
-        ]:
+        sets = {
+            "curves": (f"deletion + insertion, {STEPS} steps each", curves_variants),
+            "road": (f"ROAD, {len(PERCENTILES)} percentiles, MoRF and LeRF", road_variants),
+        }
+        for key, (what, make) in sets.items():
+            if args.only not in (None, key):
+                continue
+            variants = make(model, x, maps, classes)
             load = os.getloadavg()[0]
             times = interleaved(variants, repeats=args.rounds, statistic=min if args.statistic == "min" else median)
             title = f"{name}, {what}; {BATCH} images; {args.statistic} of {args.rounds}; load average {load:.1f} before"

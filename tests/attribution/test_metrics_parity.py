@@ -22,7 +22,7 @@ import pytest
 import torch
 from torch import nn
 
-from attribution.metrics import deletion, insertion, road
+from attribution.metrics import deletion, deletion_insertion, insertion, road
 
 pytestmark = [pytest.mark.peers, pytest.mark.filterwarnings("ignore::DeprecationWarning")]  # numpy, from the peers
 
@@ -73,6 +73,9 @@ def test_deletion_and_insertion_match_torchcam(setup, score, logits_fn):
     ours_insertion = insertion(model, images, maps, steps=16, score=score, baseline="zeros")
     assert ours_deletion.auc.mean().item() == pytest.approx(summary["deletion_auc"], rel=1e-12)
     assert ours_insertion.auc.mean().item() == pytest.approx(summary["insertion_auc"], rel=1e-12)
+    both = deletion_insertion(model, images, maps, steps=16, score=score, baselines=("zeros", "zeros"))
+    expected = [summary["deletion_auc"], summary["insertion_auc"]]
+    assert [r.auc.mean().item() for r in both] == pytest.approx(expected, rel=1e-12)  # one call, shared forwards
     theirs.reset()
     theirs.update(images, class_idx=[4, 0, 2])  # per-item classes, and a blurred baseline for both
     fixed = deletion(model, images, maps, [4, 0, 2], steps=16, score=score)
