@@ -8,9 +8,10 @@ where the neighbours may themselves be removed: one sparse linear system per ima
 system of ROAD's ``NoisyLinearImputer``). Written ``K x = b`` over the removed pixels, ``K = D - W`` is symmetric
 positive definite as soon as one pixel is kept, so it is solved by conjugate gradients, preconditioned by one
 multigrid V-cycle (a Jacobi sweep before and after, bilinear transfer, the same stencil on coarser grids, an exact
-solve on the coarsest), all in tensor operations batched over images and channels. Solved to a relative residual
-of 1e-5 (float32) or 1e-10 (float64), the values agree with a direct sparse solve to a few 1e-4 on 224x224 float32
-images (far below ROAD's noise of 0.01) and to 1e-7 in float64.
+solve on the coarsest), all in tensor operations batched over images (about eight 224x224 RGB images at a time, so
+that the arrays stay in cache) and channels. Solved to a relative residual of 1e-5 (float32) or 1e-10 (float64),
+the values agree with a direct sparse solve to a few 1e-4 on 224x224 float32 images (far below ROAD's noise of
+0.01) and to 1e-7 in float64.
 """
 
 from __future__ import annotations
@@ -24,6 +25,8 @@ import torch.nn.functional as F
 
 _COARSEST = 8  # grids are halved while both sides are longer than this; the coarsest is solved exactly
 _MAX_ITERATIONS = 100
+_SOLVE_ELEMENTS = 8 * 3 * 224 * 224  # values per solve: 8 RGB images of 224x224 are about 25% faster per image than 32
+# on a 2-core AMD EPYC (the solver's dozens of passes per iteration then run on arrays that stay in cache); 4 are slower
 
 
 class _Grid(NamedTuple):
@@ -151,11 +154,20 @@ def linear_imputation(images: torch.Tensor, removed: torch.Tensor) -> torch.Tens
         return images.clone()
     if bool((unknown.flatten(1).amin(dim=1) > 0).any()):
         raise ValueError("every pixel of an image is removed: linear imputation needs at least one kept pixel")
-    grids, inverse = _hierarchy(unknown)
+    size = max(1, _SOLVE_ELEMENTS // work[0].numel())
+    parts = [_impute(work[i : i + size], unknown[i : i + size]) for i in range(0, len(work), size)]
+    return torch.cat(parts).to(images.dtype)
+
+
+def _impute(work: torch.Tensor, unknown: torch.Tensor) -> torch.Tensor:
+    """One solve: images ``(n, C, H, W)`` in float32 or float64 with their ``unknown`` ``(n, 1, H, W)`` imputed."""
     known = work * (1 - unknown)
+    if not unknown.any():
+        return known
+    grids, inverse = _hierarchy(unknown)
     b = _neighbour_sum(known) * unknown
     tolerance = 1e-10 if work.dtype == torch.float64 else 1e-5
-    return (known + _solve(grids, inverse, b, tolerance)).to(images.dtype)
+    return known + _solve(grids, inverse, b, tolerance)
 
 
 def _solve(grids: list[_Grid], inverse: torch.Tensor, b: torch.Tensor, tolerance: float) -> torch.Tensor:
@@ -190,7 +202,7 @@ def _solve(grids: list[_Grid], inverse: torch.Tensor, b: torch.Tensor, tolerance
     warnings.warn(
         f"linear imputation did not converge in {_MAX_ITERATIONS} iterations (relative residual {residual:.1e}); "
         "the imputed values are approximate",
-        stacklevel=3,
+        stacklevel=4,
     )
     solution[active] = x
     return solution

@@ -103,6 +103,19 @@ def test_imputation_of_a_large_region_is_harmonic_and_channels_are_independent()
     assert linear_imputation(ramp.float(), removed).dtype == torch.float32
 
 
+def test_imputation_in_chunks_equals_one_solve_per_image(monkeypatch):
+    # the batch is solved a few images at a time; where it is cut must not matter, nor images with nothing removed
+    from attribution.metrics import _impute
+
+    torch.manual_seed(0)
+    images = torch.randn(5, 2, 12, 12, dtype=torch.float64)
+    removed = torch.rand(5, 12, 12) < torch.tensor([0.3, 0.0, 0.6, 0.9, 0.5])[:, None, None]
+    alone = torch.cat([linear_imputation(images[i : i + 1], removed[i : i + 1]) for i in range(5)])
+    monkeypatch.setattr(_impute, "_SOLVE_ELEMENTS", 2 * 2 * 12 * 12)  # chunks of 2, 2 and 1 images
+    torch.testing.assert_close(linear_imputation(images, removed), alone, rtol=0, atol=1e-9)
+    assert torch.equal(linear_imputation(images, removed)[1], images[1])  # nothing removed: unchanged
+
+
 def test_imputation_noise_lands_on_removed_pixels_only_and_is_seeded():
     image = torch.zeros(2, 3, 32, 32)
     removed = torch.zeros(2, 32, 32, dtype=torch.bool)
