@@ -2,9 +2,9 @@
 
 Until a cell's site runs, the patched forward is the unpatched run of the same input: every module call that has
 finished by then returns what it returned in that run. :class:`Trace` runs the target input once and records every
-module call (its start and end in call order, its nesting, a copy of its output); :func:`plan` picks, for a site,
-the outermost calls that end before it (for an output site, at its end: the site's own call included), and
-:class:`Replay` makes those calls return a fresh copy of their recorded output instead of running.
+module call (its start and end in call order, its nesting, a copy of its output); :func:`plan_sites` picks, for
+each site, the outermost calls that end before it (for an output site, at its end: the site's own call included),
+and :class:`Replay` makes those calls return a fresh copy of their recorded output instead of running.
 
 A call is replayed only when doing so cannot be told apart from running it:
 
