@@ -27,7 +27,6 @@ from typing import Any
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 from torch import nn
 from torch.utils.data import Dataset
 from tqdm.auto import tqdm
@@ -36,7 +35,7 @@ from . import _distributed
 from ._shards import Results
 from .cam import EigenCAM, GradCAM, GradCAMPlusPlus, HiResCAM, LayerCAM, ScoreCAM, XGradCAM
 from .dataset import attribute_dataset
-from .plot import to_rgb
+from .plot import _map_array, to_rgb
 
 METHODS: dict[str, type[GradCAM] | type[Any]] = {
     "gradcam": GradCAM,
@@ -181,11 +180,9 @@ def blend(rgb: np.ndarray, saliency: torch.Tensor, *, cmap: str = "jet", alpha: 
     """``rgb`` ``(H, W, 3)`` in [0, 1] with ``saliency`` coloured over it (0 to its maximum), as ``uint8``."""
     import matplotlib
 
-    heat = saliency.detach().float().cpu()
-    if tuple(heat.shape) != rgb.shape[:2]:
-        heat = F.interpolate(heat[None, None], size=rgb.shape[:2], mode="bilinear", align_corners=False)[0, 0]
-    heat = (heat / heat.max().clamp(min=1e-12)).clamp(0, 1)
-    colours = matplotlib.colormaps[cmap](heat.numpy())[..., :3]
+    heat = _map_array(saliency, rgb.shape[:2])
+    heat = np.clip(heat / max(float(heat.max()), 1e-12), 0, 1)
+    colours = matplotlib.colormaps[cmap](heat)[..., :3]
     mixed = (1 - alpha) * rgb + alpha * colours
     return np.asarray(np.round(mixed * 255), dtype=np.uint8)
 

@@ -14,6 +14,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from .metrics._similarity import spearman
+
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
     from matplotlib.figure import Figure
@@ -362,13 +364,6 @@ def _cell_labels(shape: Sequence[int], layers: Sequence[str] | None, tokens: Seq
     raise ValueError(f"a patching result has 1 to 3 axes (layers, positions/heads, heads); got {tuple(shape)}")
 
 
-def _ranks(values: torch.Tensor) -> torch.Tensor:
-    """Ranks from 0, ties sharing their mean rank."""
-    _, inverse, counts = torch.unique(values, return_inverse=True, return_counts=True)
-    ends = counts.cumsum(0)
-    return ((2 * ends - counts - 1) / 2).double()[inverse]
-
-
 def plot_atp_vs_exact(
     estimate: torch.Tensor,
     exact: torch.Tensor,
@@ -418,9 +413,9 @@ def plot_atp_vs_exact(
     if ax is None:
         _, ax = plt.subplots(figsize=(4.5, 4.5), layout="constrained")
     if len(x) > 1:
-        spearman = float(torch.corrcoef(torch.stack([_ranks(x), _ranks(y)]))[0, 1])
+        rho = float(spearman(x[None], y[None])[0])
         pearson = float(torch.corrcoef(torch.stack([x, y]))[0, 1])
-        name = f"cells (Spearman {spearman:.2f}, Pearson {pearson:.2f})"
+        name = f"cells (Spearman {rho:.2f}, Pearson {pearson:.2f})"
     else:
         name = "cells"
     ax.scatter(x.numpy(), y.numpy(), s=14, alpha=0.7, color="tab:blue", edgecolors="none", label=name, zorder=3)
