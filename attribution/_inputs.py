@@ -56,6 +56,20 @@ def device_of(inputs: Any) -> torch.device:
     return tensors[0].device if tensors else torch.device("cpu")
 
 
+def find_images(inputs: Any) -> tuple[str | int | None, Any]:
+    """Where the images of model inputs are, and what is there: ``(key, value)``.
+
+    ``("pixel_values", inputs.get("pixel_values"))`` for a mapping, ``(i, inputs[i])`` for a tuple or list whose
+    first 4-D tensor is at ``i`` (``(None, None)`` without one), ``(None, inputs)`` for anything else.
+    """
+    if isinstance(inputs, Mapping):
+        return "pixel_values", inputs.get("pixel_values")
+    if isinstance(inputs, (tuple, list)):
+        key = next((i for i, x in enumerate(inputs) if isinstance(x, torch.Tensor) and x.dim() == 4), None)
+        return key, None if key is None else inputs[key]
+    return None, inputs
+
+
 def image_size(inputs: Any) -> tuple[int, int] | None:
     """The ``(H, W)`` of the images in ``inputs``, or ``None`` (no images, or a list of images of several sizes).
 
@@ -64,12 +78,9 @@ def image_size(inputs: Any) -> tuple[int, int] | None:
     if is_image_list(inputs):
         sizes = {tuple(x.shape[-2:]) for x in inputs}
         return (int(next(iter(sizes))[0]), int(next(iter(sizes))[1])) if len(sizes) == 1 else None
-    if isinstance(inputs, Mapping):
-        inputs = inputs.get("pixel_values")
-    if isinstance(inputs, (tuple, list)):
-        inputs = next((x for x in inputs if isinstance(x, torch.Tensor) and x.dim() == 4), None)
-    if isinstance(inputs, torch.Tensor) and inputs.dim() == 4:
-        return int(inputs.shape[-2]), int(inputs.shape[-1])
+    _, images = find_images(inputs)
+    if isinstance(images, torch.Tensor) and images.dim() == 4:
+        return int(images.shape[-2]), int(images.shape[-1])
     return None
 
 

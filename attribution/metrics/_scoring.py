@@ -20,9 +20,10 @@ from torch import nn
 from torch.utils import _pytree as pytree
 from tqdm.auto import tqdm
 
-from .._inputs import batched, call, is_image_list
+from .._inputs import batched, call, find_images, is_image_list
 from .._run import describe, kept_state
 from ..targets import Target, check_target, class_indices, class_logits, target_scores
+from ._similarity import constant_items
 
 SCORES = ("probability", "logit")
 
@@ -56,16 +57,7 @@ class Images:
             )
         given = batched(inputs, model, images=True)
         self.inputs, self.single = given.inputs, given.single
-        self.key: str | int | None = None
-        found = self.inputs
-        if isinstance(self.inputs, Mapping):
-            self.key = "pixel_values"
-            found = self.inputs.get("pixel_values")
-        elif isinstance(self.inputs, (tuple, list)):
-            self.key = next(
-                (i for i, x in enumerate(self.inputs) if isinstance(x, torch.Tensor) and x.dim() == 4), None
-            )
-            found = None if self.key is None else self.inputs[self.key]
+        self.key, found = find_images(self.inputs)
         if not isinstance(found, torch.Tensor) or found.dim() != 4:
             raise TypeError(
                 "`inputs` must hold images to perturb: a tensor (B, C, H, W) or one image (C, H, W), a mapping with "
@@ -116,8 +108,7 @@ class Images:
             maps = maps.float()
         if not torch.isfinite(maps).all():
             raise ValueError("`maps` contain NaN or infinite values; the pixels cannot be ranked")
-        flat = maps.flatten(1)
-        constant = (flat == flat[:, :1]).all(dim=1).nonzero().flatten().tolist()
+        constant = constant_items(maps)
         if constant:
             warnings.warn(
                 f"the map of item(s) {constant} is constant (e.g. all zero): its pixels have no order, so they are "

@@ -11,6 +11,12 @@ SSIM_SIGMA = 1.5
 """Standard deviation of SSIM's Gaussian window."""
 
 
+def constant_items(maps: torch.Tensor) -> list[int]:
+    """The items of ``maps`` ``(B, ...)`` whose values are all equal (an all-zero map): no order, no variance."""
+    flat = maps.flatten(1)
+    return (flat == flat[:, :1]).all(dim=1).nonzero().flatten().tolist()
+
+
 def average_ranks(values: torch.Tensor) -> torch.Tensor:
     """Ranks ``(B, N)`` of each row of ``values``, 0-based, tied values sharing the mean of their ranks."""
     ordered, order = values.sort(dim=1, stable=True)

@@ -12,6 +12,8 @@ from typing import Any
 
 import torch
 
+from ._similarity import constant_items
+
 
 @dataclass(frozen=True)
 class PointingResult:
@@ -79,12 +81,11 @@ def pointing_game(maps: torch.Tensor, regions: Any, *, tolerance: float = 15) ->
     positive = flat.clamp(min=0)
     total = positive.sum(dim=1)
     energy = (positive * mask.flatten(1)).sum(dim=1) / total
-    constant = (flat == flat[:, :1]).all(dim=1)
-    if constant.any():
-        hit = hit & ~constant
+    constant = constant_items(flat)
+    if constant:
+        hit[constant] = False
         warnings.warn(
-            f"the map of item(s) {constant.nonzero().flatten().tolist()} is constant: it points nowhere, so it counts "
-            "as a miss",
+            f"the map of item(s) {constant} is constant: it points nowhere, so it counts as a miss",
             stacklevel=2,
         )
     return PointingResult(hit, energy, peak)

@@ -16,7 +16,7 @@ from hooks import resolve
 
 from .._inputs import batched
 from ._scoring import Target, top_classes
-from ._similarity import spearman, ssim
+from ._similarity import constant_items, spearman, ssim
 
 Method = Callable[[nn.Module, Any, Target], torch.Tensor]
 MODES = ("cascading", "independent")
@@ -204,8 +204,7 @@ def _compare(original: torch.Tensor, maps: torch.Tensor, stages: Sequence[str]) 
             "upsampled maps from `method`)",
             stacklevel=3,
         )
-    flat = original.flatten(1)
-    constant = (flat == flat[:, :1]).all(dim=1).nonzero().flatten().tolist()
+    constant = constant_items(original)
     if constant:
         warnings.warn(
             f"the original map of item(s) {constant} is constant (e.g. all zero): its Spearman correlations are NaN",
