@@ -104,7 +104,7 @@ def attribute_dataset(
             to ``method`` as it is.
         model: the model whose output gives the top classes and scores (default: ``method.model``, which CAMs and
             rollouts have). Its output is observed during the method's own forward (the first one when the method
-            runs the model several times, as Score-CAM does), through a forward hook removed after each batch.
+            runs the model several times, as Score-CAM does), through one forward hook removed when the run ends.
             Without a model no classes or scores are stored and the targets of ``target=None`` are -1.
         dtype: storage type of the maps: ``torch.float32`` or ``torch.float16`` (half the disk).
         topk: how many top classes (and their logits and probabilities) to store per item; 0 for none.
@@ -167,7 +167,7 @@ def attribute_dataset(
     ]
     if device is None and observed is not None:
         device = next((p.device for p in observed.parameters()), None)
-    run = _Batch(method, takes_target, target, per_item, observed, storage, topk, device)
+    run = _Batch(method, takes_target, target, per_item, storage, topk, device)
     total = sum(len(shard_rows(items, size, shard)) for shard in mine)
     bar = tqdm(
         total=total,
@@ -180,7 +180,10 @@ def attribute_dataset(
     writer: ShardWriter | None = None
     meta = {"rank": rank, "world": world, "host": socket.gethostname()}
     # a finished shard is fsynced and renamed in a thread while the next batches compute; one at a time
-    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="hookscope-shards") as publisher:
+    with (
+        ThreadPoolExecutor(max_workers=1, thread_name_prefix="hookscope-shards") as publisher,
+        _observing(observed) as observer,
+    ):
         published: Future[None] | None = None
         try:
             if batches:
@@ -189,7 +192,7 @@ def attribute_dataset(
                     if writer is None:
                         shard = indices[0] // size
                         writer = ShardWriter(out, shard, len(shard_rows(items, size, shard)))
-                    writer.append(run(batch, indices))
+                    writer.append(run(batch, indices, observer))
                     if writer.written == writer.rows:
                         if published is not None:
                             published.result()  # raises what went wrong there
@@ -266,7 +269,6 @@ class _Batch:
         takes_target: bool,
         target: DatasetTarget,
         per_item: torch.Tensor | None,
-        model: nn.Module | None,
         storage: torch.dtype,
         topk: int,
         device: torch.device | str | None,
@@ -275,21 +277,20 @@ class _Batch:
         self.takes_target = takes_target
         self.target = target
         self.per_item = per_item
-        self.model = model
         self.storage = storage
         self.topk = topk
         self.device = device
         self.warned_overflow = False
 
-    def __call__(self, batch: Any, indices: list[int]) -> dict[str, np.ndarray]:
+    def __call__(self, batch: Any, indices: list[int], observer: _Observer) -> dict[str, np.ndarray]:
         inputs, labels = _split(batch)
         if self.device is not None:
             inputs = pytree.tree_map(
                 lambda x: x.to(self.device, non_blocking=True) if isinstance(x, torch.Tensor) else x, inputs
             )
         given = self._target(labels, indices)
-        with _observe(self.model) as seen:
-            maps = self.method(inputs, given) if self.takes_target else self.method(inputs)
+        observer.start()
+        maps = self.method(inputs, given) if self.takes_target else self.method(inputs)
         if not isinstance(maps, torch.Tensor) or maps.dim() == 0 or maps.shape[0] != len(indices):
             got = f"shape {tuple(maps.shape)}" if isinstance(maps, torch.Tensor) else type(maps).__name__
             raise ValueError(
@@ -303,7 +304,7 @@ class _Batch:
                 stacklevel=3,
             )
             self.warned_overflow = True
-        logits = seen[0] if seen else None
+        logits = observer.logits
         columns = {"maps": stored.numpy(), "index": np.asarray(indices, dtype=np.int64)}
         columns["targets"] = self._used(given, logits, len(indices))
         if logits is not None and self.topk:
@@ -340,26 +341,35 @@ class _Batch:
         return used.cpu().numpy().astype(np.int64)
 
 
-@contextmanager
-def _observe(model: nn.Module | None) -> Iterator[list[torch.Tensor]]:
-    """Collect the ``(batch, classes)`` logits of ``model``'s first forward in the body (nothing if not logits)."""
-    seen: list[torch.Tensor] = []
-    if model is None:
-        yield seen
-        return
-    calls = 0
+class _Observer:
+    """The ``(batch, classes)`` logits of the model's first forward since :meth:`start` (None if not logits)."""
 
-    def keep(module: nn.Module, args: Any, output: Any) -> None:
-        nonlocal calls
-        calls += 1
-        if calls == 1:
+    def __init__(self) -> None:
+        self.logits: torch.Tensor | None = None
+        self.calls = 0
+
+    def start(self) -> None:
+        """Forget the last batch: the next forward is the first one."""
+        self.logits, self.calls = None, 0
+
+    def keep(self, module: nn.Module, args: Any, output: Any) -> None:
+        self.calls += 1
+        if self.calls == 1:
             logits = getattr(output, "logits", output)
             if isinstance(logits, torch.Tensor) and logits.dim() == 2 and logits.is_floating_point():
-                seen.append(logits.detach().float())
+                self.logits = logits.detach().float()
 
+
+@contextmanager
+def _observing(model: nn.Module | None) -> Iterator[_Observer]:
+    """An observer of ``model``'s output through one forward hook, removed at exit (none without a model)."""
+    observer = _Observer()
+    if model is None:
+        yield observer
+        return
     with HookManager(model) as mgr:
-        mgr.group("attribute_dataset.observe").forward("", keep)
-        yield seen
+        mgr.group("attribute_dataset.observe").forward("", observer.keep)
+        yield observer
 
 
 def _overflows(maps: torch.Tensor, stored: torch.Tensor) -> bool:

@@ -196,8 +196,10 @@ def test_interrupted_run_resumes_without_duplicates_or_gaps(tiny_cnn, data, tmp_
     cam = GradCAM(tiny_cnn, "features.2")
     reference = attribute_dataset(cam, data, tmp_path / "ref", batch_size=2, shard_size=4, progress=False)
     first = Counting(cam, fail_after=3)  # shard 0 (2 batches) written, shard 1 interrupted after its first batch
+    before = hook_state(tiny_cnn)
     with pytest.raises(KeyboardInterrupt):
         attribute_dataset(first, data, tmp_path / "run", batch_size=2, shard_size=4, progress=False)
+    assert hook_state(tiny_cnn) == before  # the observing hook is gone after Ctrl-C
     shards = sorted(p.name for p in (tmp_path / "run/shards").iterdir())
     assert shards == ["000000"]  # the half-written shard was removed, not published
     with pytest.raises(FileNotFoundError, match=r"not finished \(1 of 3 shards"):
