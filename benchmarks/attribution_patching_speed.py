@@ -33,6 +33,7 @@ import torch
 
 from attribution import activation_patching
 from attribution.attribution_patching import attribution_patching
+from attribution.metrics._similarity import spearman
 from benchmarks._timing import interleaved, setup, table
 from benchmarks.patching_speed import CONFIG, inputs
 from tests.attribution.models import TinyGPT
@@ -41,17 +42,6 @@ from tests.attribution.models import TinyGPT
 def load() -> str:
     one, five, fifteen = os.getloadavg()
     return f"load average {one:.2f}, {five:.2f}, {fifteen:.2f} on {os.cpu_count()} CPUs"
-
-
-def spearman(a: torch.Tensor, b: torch.Tensor) -> float:
-    """Spearman's rank correlation, tied values sharing their mean rank."""
-
-    def ranks(x: torch.Tensor) -> torch.Tensor:
-        _, inverse, counts = torch.unique(x.flatten(), return_inverse=True, return_counts=True)
-        ends = counts.cumsum(0)
-        return ((2 * ends - counts - 1) / 2).double()[inverse]
-
-    return float(torch.corrcoef(torch.stack([ranks(a), ranks(b)]))[0, 1])
 
 
 def smollm2(rounds: int) -> None:
@@ -102,9 +92,10 @@ def smollm2(rounds: int) -> None:
     with torch.no_grad():
         low, high = float(metric(model(**corrupted))), float(metric(model(**clean)))
     share = (estimate - low) / (high - low), (exact - low) / (high - low)  # 0 = corrupted, 1 = clean
+    rho = float(spearman(estimate.flatten()[None], exact.flatten()[None])[0])
     print(
         f"residual sweep, normalised: max |AtP - exact| = {(share[0] - share[1]).abs().max():.2f}, Spearman "
-        f"{spearman(estimate, exact):.2f}; exact at S2 (position 9) by layer input: "
+        f"{rho:.2f}; exact at S2 (position 9) by layer input: "
         + " ".join(f"{v:.2f}" for v in share[1][:, 9].tolist())
         + "; at the end: "
         + " ".join(f"{v:.2f}" for v in share[1][:, -1].tolist())
