@@ -1,5 +1,9 @@
 """Attribution methods built on :mod:`hooks`: each call registers and removes its own hook group.
 
+Every method family lives in its own folder (``cam/``, ``rollout/``, ``patching/``, ``metrics/``, ``datasets/``) and
+every explainer is importable from here by its own name. The evaluation metrics (:mod:`attribution.metrics`), the
+plots (:mod:`attribution.plot`) and the target helpers (:mod:`attribution.targets`) keep their own namespaces.
+
 Example:
     >>> import torch, torchvision
     >>> from attribution import GradCAM
@@ -9,11 +13,26 @@ Example:
     (torch.Size([1, 64, 64]), True, True)
 """
 
-from . import targets
+import sys
+
+from . import targets as targets  # the target helpers keep their namespace
 from .cam import EigenCAM, GradCAM, GradCAMPlusPlus, HiResCAM, LayerCAM, ScoreCAM, XGradCAM
-from .dataset import attribute_dataset, open_results
-from .patching import Patch, activation_patching, patch, record
+from .datasets import aggregate as _aggregate
+from .datasets import attribute_dataset, class_means, mean_patching, open_results
+from .datasets import runner as _runner
+from .patching import Patch, activation_patching, attribution_patching, patch, path_patching, record
+from .patching import attribution as _attribution_patching
+from .patching import path as _path_patching
 from .rollout import AttentionRollout, GradientRollout
+
+# The modules' paths before the family folders, which the docs and existing code name: the same module objects,
+# registered under the old names. No file of those names exists, so importing one never sets an attribute of this
+# package (``attribution.attribution_patching`` stays the function).
+sys.modules[f"{__name__}.attribution_patching"] = _attribution_patching
+sys.modules[f"{__name__}.path_patching"] = _path_patching
+sys.modules[f"{__name__}.dataset"] = _runner
+sys.modules[f"{__name__}.aggregate"] = _aggregate
+dataset, aggregate = _runner, _aggregate  # ``import attribution.dataset`` then ``attribution.dataset.x``
 
 __all__ = [
     "AttentionRollout",
@@ -28,8 +47,11 @@ __all__ = [
     "XGradCAM",
     "activation_patching",
     "attribute_dataset",
+    "attribution_patching",
+    "class_means",
+    "mean_patching",
     "open_results",
     "patch",
+    "path_patching",
     "record",
-    "targets",
 ]

@@ -1,6 +1,8 @@
 """The one hooked run of every method: state kept, hooks in one group, the graph started at the first site.
 
-Every method (CAMs, rollout, record/patch, the patching sweep) runs the model through :class:`HookedRun`, which
+Every method that runs the model itself (the CAMs, rollout, the three patching sweeps) runs it through
+:class:`HookedRun` (:func:`attribution.record` and :func:`attribution.patch`, which hook the caller's own runs, use
+:func:`eager_if_compiled` and one hook group; the metrics use :func:`kept_state`). :class:`HookedRun`
 
 * leaves the model as it found it, also on errors and ``KeyboardInterrupt``: every module's train/eval flag, the
   grad mode, each parameter's ``requires_grad`` and ``.grad``, and its hooks (one :class:`hooks.HookManager` group);
@@ -179,14 +181,14 @@ def describe(inputs: Any) -> str:
     return one(inputs)
 
 
-def warn(message: str) -> None:
-    """A ``UserWarning`` attributed to the first caller outside this package."""
+def warn(message: str, category: type[Warning] = UserWarning) -> None:
+    """Warn, attributed to the first caller outside this package (every user-facing warning goes through here)."""
     frame = inspect.currentframe()
     level = 1
     while frame is not None and frame.f_code.co_filename.startswith(_HERE):
         frame = frame.f_back
         level += 1
-    warnings.warn(message, UserWarning, stacklevel=level)
+    warnings.warn(message, category, stacklevel=level)
 
 
 # -- sites: which tensor of a module's output or arguments ------------------------------------------------------

@@ -29,6 +29,8 @@ from typing import Any, Union
 import numpy as np
 import torch
 
+from ._run import warn
+
 __all__ = ["ClassLogit", "Detection", "Segmentation", "Target"]
 
 Target = Union[  # noqa: UP007 (a runtime alias: `|` on these types needs Python 3.10 typing objects everywhere)
@@ -168,7 +170,6 @@ class Detection:
             )
         if len(output) != len(self.labels):
             raise ValueError(f"the model returned {len(output)} images but the target has {len(self.labels)}")
-        import warnings
 
         from torchvision.ops import box_iou
 
@@ -180,11 +181,10 @@ class Detection:
                 overlap = box_iou(box[None], found["boxes"].detach())[0]
                 overlap = torch.where(same & (overlap >= self.iou), overlap, -1)
                 if len(overlap) == 0 or overlap.max() < 0:
-                    warnings.warn(
+                    warn(
                         f"image {i}: no detection of label {label} has IoU >= {self.iou} with box "
                         f"{[round(v, 1) for v in box.tolist()]}; it adds 0 to the score (lower `iou`, or check the "
                         "box's coordinates: pixels of the input image, x1, y1, x2, y2)",
-                        stacklevel=2,
                     )
                     continue
                 total = total + found["scores"][overlap.argmax()]

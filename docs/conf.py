@@ -46,7 +46,7 @@ nitpick_ignore = [
     # type aliases and private helpers named in signatures (aliases have no page of their own)
     ("py:class", "LayerTarget"),
     ("py:class", "Fusion"),
-    ("py:class", "_Site"),
+    ("py:class", "AttentionSite"),
     ("py:class", "ModelIndex"),
     ("py:class", "hooks._resolve.ModelIndex"),
     # the protocol a handle needs of its group (hooks.HookGroup satisfies it); private, so no page of its own
@@ -62,5 +62,5 @@ nitpick_ignore = [
     ("py:class", "Element"),
     ("py:class", "Threads"),
     # the private record (module name, kind, switch) that find_attention returns for each attention site
-    ("py:class", "attribution.rollout._Site"),
+    ("py:class", "attribution.rollout._sites.AttentionSite"),
 ]

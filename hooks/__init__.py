@@ -15,6 +15,7 @@ Example:
 
 from ._errors import HookError, ModuleNotFoundInModelError
 from ._handle import HookHandle
+from ._registered import global_hooks_registered, hooked_modules
 from ._resolve import ModuleTarget, module_names, resolve
 from ._runs import in_backward
 from .manager import HookGroup, HookManager
@@ -33,6 +34,8 @@ __all__ = [
     "Recorder",
     "Recording",
     "Trace",
+    "global_hooks_registered",
+    "hooked_modules",
     "in_backward",
     "module_names",
     "resolve",

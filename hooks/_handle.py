@@ -1,8 +1,9 @@
 """One hook function on one module in one group: its activation, its calling convention, its removal.
 
-The dispatcher (:mod:`hooks._dispatch`) talks to a handle through three members only: :meth:`HookHandle.fires`
-(is it active for a given thread), ``invoke`` (call the user's function with the arguments of its kind, checking
-what it returns) and ``asks`` (the keyword-only extras the function takes).
+The dispatchers (:mod:`hooks._dispatch`, :mod:`hooks._backward`) read a handle's ``kind``, ``group`` (priority,
+threads, name), ``seq`` (registration order) and ``asks`` (the keyword-only extras the function takes), and call
+:meth:`HookHandle.fires` (is it active for a given thread), ``active_elsewhere``, ``invoke`` (call the user's function
+with the arguments of its kind, checking what it returns) and ``remove``.
 """
 
 from __future__ import annotations

@@ -4,7 +4,9 @@ The order of hooks on one module is: higher group ``priority`` first, then regis
 deactivating a hook never moves it. All forward hooks a manager has on a module run from one PyTorch forward hook,
 installed the first time the manager needs one on that module, and all its pre-hooks from one pre-hook, likewise;
 relative to hooks registered directly with PyTorch each runs at that position (PyTorch runs a module's hooks in
-registration order, after global hooks).
+registration order, after global hooks). With its first module hook, a manager also puts a pre-hook (first in line)
+and an always-called hook on the model itself, which restart the call numbers at each forward of the model; they go
+with its last module hook.
 
 The registry has one source of truth: each group's handles. Everything a manager answers (``handles()``, ``order()``,
 ``table()``) is derived from them, and each module's :class:`~hooks._dispatch.ModuleSlot` holds the same handles in

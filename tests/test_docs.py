@@ -17,6 +17,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.slow  # every page's blocks in a fresh interpreter
+
 ROOT = Path(__file__).resolve().parents[1]
 NEEDS = ("timm", "transformers")  # extras some blocks import; their blocks skip where they are missing
 
@@ -90,6 +92,7 @@ def packages(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 RUNNER = """
 import json, sys, traceback
+
 blocks = json.load(open(sys.argv[1]))
 sys.argv = sys.argv[:1]  # a block run as a script sees no arguments
 for where, code in blocks:

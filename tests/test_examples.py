@@ -8,6 +8,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.slow  # every example end to end: minutes on 2 cores
+
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLES = sorted(p for p in (ROOT / "examples").glob("*.py") if not p.name.startswith("_"))
 NEEDS = {  # rollout_demo skips MiniLM, metrics_demo the scikit-image photo, by themselves

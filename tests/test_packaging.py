@@ -8,6 +8,8 @@ import sys
 import typing
 from pathlib import Path
 
+import pytest
+
 import attribution
 import hooks
 
@@ -20,6 +22,7 @@ def test_packages_come_from_this_checkout():
     assert (ROOT / "hooks" / "py.typed").is_file() and (ROOT / "attribution" / "py.typed").is_file()
 
 
+@pytest.mark.slow
 def test_hooks_does_not_depend_on_attribution():
     for path in (ROOT / "hooks").glob("*.py"):
         for node in ast.walk(ast.parse(path.read_text())):
@@ -39,3 +42,23 @@ def test_public_names_exist_and_are_documented():
             if typing.get_origin(obj) is not None:  # a type alias: documented in the API reference
                 continue
             assert (obj.__doc__ or "").strip(), f"{package.__name__}.{name} has no docstring"
+
+
+def test_attribution_uses_only_the_public_names_of_hooks():
+    for path in (ROOT / "attribution").rglob("*.py"):
+        source = path.read_text()
+        for node in ast.walk(ast.parse(source)):
+            if isinstance(node, ast.ImportFrom) and node.module and node.module.split(".")[0] == "hooks":
+                assert node.module == "hooks", f"{path}: from {node.module} import ..."
+                assert all(a.name in hooks.__all__ for a in node.names), f"{path}: a private name of hooks"
+            if isinstance(node, ast.Import):
+                assert all(not a.name.startswith("hooks.") for a in node.names), path
+        for internal in ("_forward_hooks", "_forward_pre_hooks", "_backward_hooks", "_global_forward_hooks"):
+            assert internal not in source, f"{path} reads PyTorch's {internal}: ask hooks instead"
+
+
+@pytest.mark.slow
+def test_importing_hooks_does_not_import_dynamo():
+    code = "import sys, hooks, attribution; print('torch._dynamo' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"

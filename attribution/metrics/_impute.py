@@ -16,12 +16,13 @@ the values agree with a direct sparse solve to a few 1e-4 on 224x224 float32 ima
 
 from __future__ import annotations
 
-import warnings
 from collections.abc import Sequence
 from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
+
+from .._run import warn
 
 _COARSEST = 8  # grids are halved while both sides are longer than this; the coarsest is solved exactly
 _MAX_ITERATIONS = 100
@@ -199,10 +200,9 @@ def _solve(grids: list[_Grid], inverse: torch.Tensor, b: torch.Tensor, tolerance
         rz, previous = _dot(r, z), rz
         p = z.addcmul_(rz / previous.clamp(min=tiny), p)
     residual = float((_dot(r, r) / (limit / tolerance**2).clamp(min=tiny)).sqrt().max())
-    warnings.warn(
+    warn(
         f"linear imputation did not converge in {_MAX_ITERATIONS} iterations (relative residual {residual:.1e}); "
         "the imputed values are approximate",
-        stacklevel=4,
     )
     solution[active] = x
     return solution

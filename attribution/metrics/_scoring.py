@@ -1,6 +1,7 @@
 """Run a model on batches of perturbed images and read the target's score: the part every perturbation metric shares.
 
-This is the only module of :mod:`attribution.metrics` that knows how inputs are passed and how targets are resolved.
+Deletion, insertion and ROAD score through here, and only here learn how inputs are passed and how targets are
+resolved; the randomisation test reads the top classes here and calls the user's method itself.
 
 Perturbed copies are numbered point-major, ``job = point * B + item``, so that every ``B`` consecutive jobs hold one
 copy of each image in batch order. A callable target is given the output of such a group of ``B`` rows, exactly as a
@@ -10,7 +11,6 @@ CAM gives it the output of the unperturbed batch: targets that hold one class, c
 
 from __future__ import annotations
 
-import warnings
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any
@@ -18,10 +18,10 @@ from typing import Any
 import torch
 from torch import nn
 from torch.utils import _pytree as pytree
-from tqdm.auto import tqdm
 
 from .._inputs import batched, call, find_images, is_image_list
-from .._run import describe, kept_state
+from .._progress import progress as progress_bar
+from .._run import describe, kept_state, warn
 from ..targets import Target, check_target, class_indices, class_logits, target_scores
 from ._similarity import constant_items
 
@@ -110,10 +110,9 @@ class Images:
             raise ValueError("`maps` contain NaN or infinite values; the pixels cannot be ranked")
         constant = constant_items(maps)
         if constant:
-            warnings.warn(
+            warn(
                 f"the map of item(s) {constant} is constant (e.g. all zero): its pixels have no order, so they are "
                 "perturbed in raster order and the result says nothing about the method",
-                stacklevel=4,
             )
         return maps.to(pixels.device)
 
@@ -190,7 +189,7 @@ def run_batches(
     image each one was made of ``(n,)``.
     """
     scores = []
-    for start in tqdm(range(0, count, scorer.chunk), desc=desc, disable=not progress, leave=False):
+    for start in progress_bar(range(0, count, scorer.chunk), desc=desc, enabled=progress):
         images, items = make(torch.arange(start, min(start + scorer.chunk, count)))
         scores.append(scorer(images, items).detach().cpu())
     return torch.cat(scores) if scores else torch.empty(0)

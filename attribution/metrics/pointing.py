@@ -5,13 +5,13 @@ Both compare a map with the object's region (boxes drawn by hand, or masks): no 
 
 from __future__ import annotations
 
-import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
+from .._run import warn
 from ._similarity import constant_items
 
 
@@ -84,9 +84,8 @@ def pointing_game(maps: torch.Tensor, regions: Any, *, tolerance: float = 15) ->
     constant = constant_items(flat)
     if constant:
         hit[constant] = False
-        warnings.warn(
+        warn(
             f"the map of item(s) {constant} is constant: it points nowhere, so it counts as a miss",
-            stacklevel=2,
         )
     return PointingResult(hit, energy, peak)
 

@@ -3,18 +3,18 @@
 from __future__ import annotations
 
 import copy
-import warnings
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch import nn
-from tqdm.auto import tqdm
 
 from hooks import resolve
 
 from .._inputs import batched
+from .._progress import progress as progress_bar
+from .._run import warn
 from ._scoring import Target, top_classes
 from ._similarity import constant_items, spearman, ssim
 
@@ -113,7 +113,7 @@ def randomization_test(
     maps = []
     randomised = copy.deepcopy(model)
     with torch.random.fork_rng(devices=_cuda_devices(model)):
-        for s, name in enumerate(tqdm(stages, desc="randomisation", disable=not progress, leave=False)):
+        for s, name in enumerate(progress_bar(stages, desc="randomisation", enabled=progress)):
             module = randomised.get_submodule(name)
             torch.manual_seed(stage_seed(seed, s))
             _reinitialise(module, name)
@@ -188,10 +188,9 @@ def _maps(
 def _compare(original: torch.Tensor, maps: torch.Tensor, stages: Sequence[str]) -> tuple[torch.Tensor, torch.Tensor]:
     """Spearman ``(S, B)`` and SSIM ``(S, B)`` of every stage's maps against the original ones."""
     if all(torch.equal(m, original) for m in maps):
-        warnings.warn(
+        warn(
             "the maps did not change at any stage of the randomisation: either they do not depend on these layers "
             "(Eigen-CAM ignores the classifier), or `method` does not use the model it is given",
-            stacklevel=3,
         )
     rho = torch.stack([spearman(original, m) for m in maps]).float()
     if min(original.shape[-2:]) >= 11:
@@ -199,22 +198,19 @@ def _compare(original: torch.Tensor, maps: torch.Tensor, stages: Sequence[str]) 
         similarity = torch.stack([ssim(scaled, _minmax(m)) for m in maps]).float()
     else:
         similarity = torch.full(rho.shape, float("nan"))
-        warnings.warn(
+        warn(
             f"the maps are {tuple(original.shape[-2:])}, smaller than SSIM's 11x11 window: SSIM is NaN (return "
             "upsampled maps from `method`)",
-            stacklevel=3,
         )
     constant = constant_items(original)
     if constant:
-        warnings.warn(
+        warn(
             f"the original map of item(s) {constant} is constant (e.g. all zero): its Spearman correlations are NaN",
-            stacklevel=3,
         )
     elif rho.isnan().any():
         where = [stages[s] for s in range(len(maps)) if rho[s].isnan().any()]
-        warnings.warn(
+        warn(
             f"some maps are constant (e.g. all zero) at stage(s) {where}: their Spearman correlation is NaN",
-            stacklevel=3,
         )
     return rho, similarity
 

@@ -8,7 +8,7 @@ import pytest
 import torch
 from torch import nn
 
-from tests.conftest import DATA
+from tests.support import DATA
 
 
 class SmallVGG(nn.Module):

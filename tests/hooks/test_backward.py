@@ -6,8 +6,8 @@ import pytest
 import torch
 from torch import nn
 
-from hooks import HookError, HookManager
-from tests.conftest import hook_state
+from hooks import HookError, HookManager, Recorder
+from tests.support import hook_state
 
 
 def _reference_grads(model: nn.Module, names: list[str], x: torch.Tensor, loss_fn) -> dict:
@@ -175,3 +175,41 @@ def test_no_backward_setup_without_grad(mlp):
         with torch.no_grad():
             out = mlp(torch.randn(1, 4))
     assert out.grad_fn is None and got == []
+
+
+def test_a_backward_hook_that_raised_fires_again_on_the_next_pass():
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(2, 2), nn.Tanh())
+    x = torch.randn(3, 2, requires_grad=True)
+    calls = []
+
+    def flaky(module, grad_input, grad_output):
+        calls.append(grad_output[0].clone())
+        if len(calls) == 1:
+            raise ValueError("boom")
+
+    with HookManager(model) as mgr:
+        mgr.group("g").backward("1", flaky)  # fires before the recorder's hook on the same module
+        with Recorder(model, "1", capture=("grad_output",), reduction="list", manager=mgr) as rec:
+            loss = model(x).pow(2).sum()
+            with pytest.raises(ValueError, match="boom"):
+                loss.backward(retain_graph=True)
+            loss.backward(retain_graph=True)
+            loss.backward()
+    assert len(calls) == 3 and torch.equal(calls[1], calls[2])
+    assert len(rec["1"].grad_output) == 2  # the aborted pass is lost, the two after it are recorded
+
+
+def test_deactivating_between_forward_and_backward_stops_the_backward_hook():
+    model = nn.Sequential(nn.Linear(2, 2), nn.Tanh())
+    fired = []
+    with HookManager(model) as mgr:
+        group = mgr.group("g")
+        group.backward("1", lambda m, gi, go: fired.append(1))
+        loss = model(torch.randn(1, 2, requires_grad=True)).sum()
+        group.deactivate()
+        loss.backward()
+        assert fired == []
+        group.activate()
+        model(torch.randn(1, 2, requires_grad=True)).sum().backward()
+    assert fired == [1]

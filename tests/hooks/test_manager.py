@@ -7,13 +7,14 @@ import gc
 import io
 import pickle
 import threading
+from dataclasses import dataclass
 
 import pytest
 import torch
 from torch import nn
 
 from hooks import HookError, HookManager, ModuleNotFoundInModelError, module_names
-from tests.conftest import hook_state
+from tests.support import hook_state
 
 
 def _log(log: list, tag: str):
@@ -371,3 +372,126 @@ def test_groups_on_compiled_model_without_recompiling(mlp):
     torch.testing.assert_close(compiled(x), plain)
     assert counters["frames"]["total"] <= frames_after_first + 2  # no recompilation per call
     dynamo.reset()
+
+
+def test_each_dispatcher_sits_where_the_manager_first_needed_it(mlp):
+    log = []
+    mgr = HookManager(mlp)
+    mgr.group("g").forward("0", lambda m, a, o: log.append("mgr forward 1"))
+    raw_pre = mlp[0].register_forward_pre_hook(lambda m, a: log.append("raw pre"))
+    raw_forward = mlp[0].register_forward_hook(lambda m, a, o: log.append("raw forward"))
+    mgr.group("g").forward_pre("0", lambda m, a: log.append("mgr pre"))  # the first pre-hook: after "raw pre"
+    mgr.group("g").forward("0", lambda m, a, o: log.append("mgr forward 2"))  # joins the forward dispatcher
+    mlp(torch.randn(1, 4))
+    assert log == ["raw pre", "mgr pre", "mgr forward 1", "mgr forward 2", "raw forward"]
+    raw_pre.remove()
+    raw_forward.remove()
+    mgr.remove_all()
+
+
+def test_group_lookup_and_unhashable_callables(mlp):
+    mgr = HookManager(mlp)
+    shared = mgr.group("shared", threads="all", priority=3)
+    assert mgr.group("shared") is shared
+
+    @dataclass
+    class Hook:  # a dataclass with eq=True is unhashable
+        seen: list
+
+        def __call__(self, module, args, output):
+            self.seen.append(module)
+
+    hook = Hook([])
+    shared.forward(["0", "2"], hook)
+    mlp(torch.randn(1, 4))
+    assert len(hook.seen) == 2
+    mgr.remove_function(hook)
+    assert mgr.handles() == []
+    mgr.remove_all()
+
+
+def test_shared_module_answers_to_every_path():
+    torch.manual_seed(0)
+    block = nn.Linear(2, 2)
+    model = nn.Sequential()
+    model.a, model.b = nn.Sequential(block), nn.Sequential(block)
+    with HookManager(model) as mgr:
+        (handle,) = mgr.group("g").forward("b.0", lambda m, a, o: None)
+    assert handle.module is block and handle.module_name == "b.0"  # named by the path it was asked by
+
+
+@pytest.mark.parametrize("how", ["weight_norm", "orthogonal"])
+def test_deepcopy_of_a_hooked_parametrized_module_carries_no_hooks(how):
+    from torch.nn.utils import parametrizations
+
+    torch.manual_seed(0)
+    lin = getattr(parametrizations, how)(nn.Linear(3, 3))
+    model = nn.Sequential(lin, nn.Tanh())
+    fired = []
+    with HookManager(model) as mgr:
+        mgr.group("g").forward(["0", ""], lambda m, a, o: fired.append(m))
+        replica = copy.deepcopy(model)
+        lone = copy.deepcopy(lin)
+        replica(torch.randn(1, 3))
+        lone(torch.randn(1, 3))
+        assert fired == []
+        model(torch.randn(1, 3))
+        assert len(fired) == 2
+    for m in (*replica.modules(), lone):
+        assert not any(type(h).__module__.startswith("hooks") for h in m._forward_hooks.values())
+        assert "__getstate__" not in m.__dict__ and "__deepcopy__" not in m.__dict__
+    assert hook_state(model) == hook_state(replica)
+
+
+def test_entering_a_group_inside_its_own_with_block_is_an_error(mlp):
+    seen = []
+    with HookManager(mlp) as mgr:
+        group = mgr.group("g")
+        group.forward("0", lambda m, a, o: seen.append(1))
+        with group:
+            with pytest.raises(HookError, match="already used by an enclosing `with` block"):
+                with group:
+                    pass
+            mlp(torch.randn(1, 4))
+        assert group.removed and seen == [1]
+
+
+def test_one_module_under_two_names_is_an_error_not_a_silent_merge():
+    shared = nn.Linear(2, 2)
+    model = nn.Sequential()
+    model.a, model.b = shared, shared
+    with HookManager(model) as mgr:
+        with pytest.raises(ValueError, match=r"'a' and 'b', which are the same module"):
+            mgr.group("g").forward(["a", "b"], lambda m, a, o: None)
+        assert mgr.handles() == []
+        (handle,) = mgr.group("g").forward("**", lambda m, a, o: None)  # a glob reaches it once, by its first name
+        assert handle.module_name == "a"
+
+
+def test_errors_name_the_group_and_the_module(mlp):
+    with HookManager(mlp) as mgr:
+        with pytest.raises(TypeError, match=r"group 'probe' on '2'.*fn\(module, args, output\)"):
+            mgr.group("probe").forward("2", lambda module, args: None)
+        mgr.group("edit").forward_pre("0", lambda m, a, k: 5, with_kwargs=True)
+        with pytest.raises(HookError, match=r"forward pre-hook '.*<lambda>' of group 'edit' on '0'.*got int"):
+            mlp(torch.randn(1, 4))
+
+
+def test_registering_one_module_at_a_time_does_not_rescan_the_model(monkeypatch):
+    model = nn.Sequential(*[nn.Identity() for _ in range(300)])
+    scans = []
+    original = nn.Module.named_modules
+
+    def counting(self, *args, **kwargs):
+        if self is model:
+            scans.append(1)
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(nn.Module, "named_modules", counting)
+    with HookManager(model) as mgr:
+        group = mgr.group("g")
+        for i in range(300):
+            group.forward(str(i), lambda m, a, o: None)
+        for module in list(model)[:100]:
+            group.forward_pre(module, lambda m, a: None)
+    assert len(scans) <= 2  # by name: no scan at all; by object: one table, reused

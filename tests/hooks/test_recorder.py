@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+import gc
+import threading
+import warnings
+import weakref
+
 import pytest
 import torch
 from torch import nn
 
-from hooks import Recorder, Recording
-from tests.conftest import hook_state
+from hooks import HookError, HookManager, Recorder, Recording
+from tests.support import hook_state
 
 
 def test_records_are_copies_taken_before_inplace_ops(tiny_cnn):
@@ -147,3 +152,53 @@ def test_same_as_torchfunc_recorders(mlp):
         for a, b in zip(ours_out[name].output, outs[i], strict=True):
             # torchfunc keeps `outputs[0]`, which for a tensor output is only its first row; we keep the tensor
             torch.testing.assert_close(a[0], b)
+
+
+def test_removed_recorder_is_not_kept_alive_by_a_shared_manager(mlp):
+    mgr = HookManager(mlp)
+    rec = Recorder(mlp, "0", manager=mgr)
+    mlp(torch.randn(1, 4))
+    rec.remove()
+    ref = weakref.ref(rec)
+    del rec
+    gc.collect()
+    assert ref() is None
+    assert mgr.handles() == [] and mgr.groups == {}
+
+
+def test_recorder_inside_vmap_raises_instead_of_leaking_a_batched_tensor(mlp):
+    with Recorder(mlp, "0"), pytest.raises(HookError, match=r"torch\.func transform"):
+        torch.func.vmap(mlp)(torch.randn(3, 4))
+    assert hook_state(mlp) == hook_state(nn.Sequential(*mlp))
+
+
+def _in_worker(fn) -> None:
+    errors = []
+
+    def run():
+        try:
+            fn()
+        except BaseException as exc:  # pragma: no cover - shown by the assertion below
+            errors.append(exc)
+
+    worker = threading.Thread(target=run, name="worker")
+    worker.start()
+    worker.join()
+    assert not errors, errors
+
+
+def test_recorder_for_a_model_run_in_a_worker_thread(mlp):
+    x = torch.randn(2, 4)
+    with Recorder(mlp, "0", threads="all") as rec:
+        _in_worker(lambda: mlp(x))
+    torch.testing.assert_close(rec["0"].output, mlp[0](x).detach())
+    with Recorder(mlp, "0") as rec, warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        _in_worker(lambda: mlp(x))
+        _in_worker(lambda: mlp(x))
+    assert len(rec) == 0
+    messages = [str(w.message) for w in caught if "thread" in str(w.message)]
+    assert len(messages) == 1 and "threads='all'" in messages[0]  # said once, with the fix
+    with Recorder(mlp, "0", threads="current"), warnings.catch_warnings():
+        warnings.simplefilter("error")
+        _in_worker(lambda: mlp(x))  # asked for per-thread recording: nothing to warn about

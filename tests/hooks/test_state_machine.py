@@ -17,7 +17,7 @@ from hypothesis.stateful import Bundle, RuleBasedStateMachine, initialize, invar
 from torch import nn
 
 from hooks import HookError, HookManager
-from tests.conftest import hook_state
+from tests.support import hook_state
 
 MODULES = ["0", "1", "2"]
 CALLS = [("0", 0), ("1", 0), ("2", 0), ("1", 1)]  # the model runs 0, 1, 2, 1

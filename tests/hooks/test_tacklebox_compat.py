@@ -11,7 +11,7 @@ import torch
 from torch import nn
 
 from hooks.tacklebox import HookManager  # README: `from tacklebox.hook_management import HookManager`
-from tests.conftest import hook_state
+from tests.support import hook_state
 
 
 # README: the hook functions of "Defining hooks"

@@ -16,6 +16,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.slow  # TackleBox's scripts run in fresh interpreters
+
 ROOT = Path(__file__).resolve().parents[2]
 DATA = ROOT / "tests" / "data" / "tacklebox"
 SCRIPTS = [
@@ -33,6 +35,7 @@ OURS = {
 }
 RUNNER = """
 import contextlib, io, json, runpy, sys, warnings
+
 warnings.simplefilter("ignore")
 logs = {}
 for script in sys.argv[1:]:

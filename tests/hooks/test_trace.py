@@ -9,7 +9,7 @@ import torch
 from torch import nn
 
 from hooks import trace
-from tests.conftest import hook_state
+from tests.support import hook_state
 
 
 def _resnet18_calls_in_completion_order() -> list[str]:

@@ -1,0 +1,61 @@
+"""Class-activation-map arithmetic: pure functions of activations and gradients ``(batch, channels, h, w)``."""
+
+from __future__ import annotations
+
+import einops
+import torch
+import torch.nn.functional as F
+
+_EPS = 1e-12
+
+
+def gradcam(acts: torch.Tensor, grads: torch.Tensor) -> torch.Tensor:
+    """Grad-CAM: ``ReLU(sum_k mean_ij(dS/dA_kij) * A_k)``."""
+    weights = grads.mean(dim=(2, 3), keepdim=True)
+    return F.relu((weights * acts).sum(dim=1))
+
+
+def gradcam_plus_plus(acts: torch.Tensor, grads: torch.Tensor) -> torch.Tensor:
+    """Grad-CAM++: ``w_k = sum_ij a_kij ReLU(g_kij)``, ``a = g^2 / (2 g^2 + sum_ab A_kab g^3)`` (0 where 0/0)."""
+    g2 = grads.pow(2)
+    denominator = 2 * g2 + acts.sum(dim=(2, 3), keepdim=True) * grads.pow(3)
+    alpha = torch.where(denominator != 0, g2 / torch.where(denominator != 0, denominator, 1), 0)
+    weights = (alpha * F.relu(grads)).sum(dim=(2, 3), keepdim=True)
+    return F.relu((weights * acts).sum(dim=1))
+
+
+def xgradcam(acts: torch.Tensor, grads: torch.Tensor) -> torch.Tensor:
+    """XGrad-CAM: ``w_k = sum_ij (A_kij / sum_ab A_kab) g_kij``."""
+    total = acts.sum(dim=(2, 3), keepdim=True)
+    weights = (acts * grads).sum(dim=(2, 3), keepdim=True) / (total + _EPS)
+    return F.relu((weights * acts).sum(dim=1))
+
+
+def hirescam(acts: torch.Tensor, grads: torch.Tensor) -> torch.Tensor:
+    """HiRes-CAM: ``ReLU(sum_k g_k * A_k)``, the gradient kept per position (no spatial averaging)."""
+    return F.relu((grads * acts).sum(dim=1))
+
+
+def layercam(acts: torch.Tensor, grads: torch.Tensor) -> torch.Tensor:
+    """LayerCAM: ``ReLU(sum_k ReLU(g_k) * A_k)``."""
+    return F.relu((F.relu(grads) * acts).sum(dim=1))
+
+
+def eigencam(acts: torch.Tensor) -> torch.Tensor:
+    """Eigen-CAM: activations projected on their first principal direction, ReLU.
+
+    Per item, the ``(h*w, channels)`` matrix ``O`` (uncentred, as in the paper) is decomposed ``O = U S V^T`` and
+    the map is ``O v_1``. A singular vector's sign is arbitrary: it is chosen so that the projection sums to a
+    non-negative value.
+    """
+    h, w = acts.shape[-2:]
+    matrix = einops.rearrange(acts, "b k h w -> b (h w) k")
+    _, _, vh = torch.linalg.svd(matrix, full_matrices=False)
+    projection = matrix @ vh[:, 0, :, None]  # (b, hw, 1)
+    sign = torch.where(projection.sum(dim=(1, 2), keepdim=True) < 0, -1.0, 1.0).to(projection.dtype)
+    return F.relu(einops.rearrange(projection * sign, "b (h w) 1 -> b h w", h=h, w=w))
+
+
+def weighted(acts: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+    """``ReLU(sum_k w_k A_k)`` for weights ``(batch, channels)`` (Score-CAM)."""
+    return F.relu(torch.einsum("bk,bkhw->bhw", weights, acts))

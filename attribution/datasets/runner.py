@@ -1,0 +1,541 @@
+"""Attribution over a whole dataset, streamed to disk in shards: resumable, on one process or many (``torchrun``).
+
+:func:`attribute_dataset` runs any attribution callable batch by batch over a ``Dataset`` or ``DataLoader`` and
+writes the maps, with the targets used, the model's top classes and scores and each item's dataset index, to an
+output directory; :func:`open_results` reads them back lazily, indexed by dataset index.
+
+Storage is one directory per shard of ``shard_size`` consecutive dataset items, one ``.npy`` file per field. The
+``.npy`` format (numpy's own, documented and stable) is memory-mapped on reading (``np.load(mmap_mode="r")``), so
+one item is read without loading the rest, and it can be written as a stream, a header and then batch after batch,
+which keeps memory constant whatever the shard size; numpy comes with torch, so this adds no dependency.
+(``safetensors`` would need every tensor of a shard in memory at once to write it, and a new dependency.)
+"""
+
+from __future__ import annotations
+
+import hashlib
+import inspect
+import json
+import math
+import socket
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, Union
+
+import numpy as np
+import torch
+from torch import nn
+from torch.utils import _pytree as pytree
+from torch.utils.data import DataLoader, Dataset, IterableDataset
+from tqdm.auto import tqdm
+
+from hooks import HookManager
+
+from .._progress import DELAY
+from .._run import warn
+from . import _distributed
+from ._shards import (
+    FORMAT,
+    MANIFEST,
+    SETTINGS,
+    SHARDS,
+    VERSION,
+    Column,
+    Results,
+    ShardWriter,
+    is_complete,
+    read_meta,
+    shard_count,
+    shard_rows,
+    sync_dir,
+    write_json,
+)
+
+__all__ = ["Column", "Results", "attribute_dataset", "open_results"]
+
+DatasetTarget = Union[None, int, str, Sequence[int], torch.Tensor, Callable[[Any], torch.Tensor]]  # noqa: UP007
+_STORAGE = (torch.float32, torch.float16)
+_LABEL_KEYS = ("label", "labels")
+_LOADER_OPTIONS = (
+    "num_workers", "collate_fn", "pin_memory", "timeout", "worker_init_fn", "multiprocessing_context", "generator",
+    "prefetch_factor", "persistent_workers", "pin_memory_device", "in_order",
+)  # fmt: skip
+
+
+def attribute_dataset(
+    method: Callable[..., torch.Tensor],
+    data: Dataset[Any] | DataLoader[Any] | Sequence[Any],
+    out: str | Path,
+    *,
+    batch_size: int | None = None,
+    target: DatasetTarget = None,
+    model: nn.Module | None = None,
+    dtype: torch.dtype | str = torch.float32,
+    topk: int = 5,
+    shard_size: int | None = None,
+    device: torch.device | str | None = None,
+    progress: bool = True,
+) -> Results:
+    """Run ``method`` over every item of ``data`` and stream the maps to ``out``; resumable; ``torchrun``-ready.
+
+    Each batch's maps are written to disk as they come (constant memory) in shards of ``shard_size`` consecutive
+    dataset items, each shard written atomically. Run again with the same arguments after an interruption (Ctrl-C,
+    a killed process) and only the missing shards are computed; a shard is never half-read, never duplicated.
+
+    Under ``torchrun`` the process group is initialised from the environment if it is not yet (gloo, plus NCCL with
+    CUDA), and shard ``k`` is computed by rank ``k % world_size``: every item exactly once, no padding. The shards
+    and their batches do not depend on the number of processes, so the results equal those of one process. The
+    output directory must be on a file system that every process sees (for several machines, a shared one).
+
+    Dataset items may be a tensor (the input), a tuple ``(input, label, ...)`` or a dict of model inputs (its
+    ``"label"`` or ``"labels"`` entry is the label); a ``DataLoader``'s ``collate_fn`` can reshape anything else.
+
+    Args:
+        method: ``method(inputs, target) -> maps (batch, ...)``: a CAM, :class:`~attribution.GradientRollout`, or
+            a function; a callable without a second parameter (:class:`~attribution.AttentionRollout`) gets
+            ``method(inputs)``.
+        data: a map-style ``Dataset`` (or a sequence), or a ``DataLoader`` whose loading options (workers,
+            ``collate_fn``, pinned memory) are kept while its sampler is replaced: items are taken in index order.
+        out: the output directory (created if needed).
+        batch_size: items per call of ``method`` (default: the ``DataLoader``'s batch size).
+        target: ``None``: each item's top class; an int: that class for all; ``"label"``: each item's label; a
+            sequence or tensor of one class per dataset item; or a callable ``output -> (batch,)`` scores, passed
+            to ``method`` as it is.
+        model: the model whose output gives the top classes and scores (default: ``method.model``, which CAMs and
+            rollouts have). Its output is observed during the method's own forward (the first one when the method
+            runs the model several times, as Score-CAM does), through one forward hook removed when the run ends.
+            Without a model no classes or scores are stored and the targets of ``target=None`` are -1.
+        dtype: storage type of the maps: ``torch.float32`` or ``torch.float16`` (half the disk).
+        topk: how many top classes (and their logits and probabilities) to store per item; 0 for none.
+        shard_size: dataset items per shard (default: 1 to 16 batches, aiming at 64 shards so that processes can
+            share them evenly, with at least 4 batches per shard when that still leaves 8 shards: each shard costs
+            a directory and a few file syncs). Keep it a multiple of ``batch_size``: batches never cross shards.
+        device: where the inputs go (default: the device of the model's first parameter, else left as they are).
+        progress: show a tqdm progress bar with items/s (on rank 0, counting its own share).
+
+    Returns:
+        The :class:`Results`, read lazily (as :func:`open_results` gives them).
+
+    Raises:
+        ValueError: ``out`` holds a run with other settings, a bad ``target``, or maps of the wrong batch size.
+        TypeError: an iterable-style dataset (it has no indices to resume from or to share between processes).
+
+    Example:
+        >>> import tempfile, torch, torchvision
+        >>> from attribution import GradCAM, attribute_dataset
+        >>> model = torchvision.models.resnet18(weights=None, num_classes=4).eval()
+        >>> images = torch.utils.data.TensorDataset(torch.randn(10, 3, 32, 32))
+        >>> res = attribute_dataset(GradCAM(model, "layer3"), images, tempfile.mkdtemp(), batch_size=4,
+        ...                         progress=False)
+        >>> len(res), res.maps[7].shape, res.classes[7].shape
+        (10, torch.Size([32, 32]), torch.Size([4]))
+    """
+    rank, world = _distributed.setup()
+    out = Path(out)
+    dataset, options, batch_size = _dataset(data, batch_size)
+    items = len(dataset)
+    observed = model if model is not None else getattr(method, "model", None)
+    if observed is not None and not isinstance(observed, nn.Module):
+        raise TypeError(f"`model` must be a torch.nn.Module or None; got {type(observed).__name__}")
+    takes_target = _takes_target(method)
+    per_item = _check_target(target, items, takes_target)
+    storage = _storage(dtype)
+    if not isinstance(topk, int) or topk < 0:
+        raise ValueError(f"`topk` must be an int >= 0; got {topk!r}")
+    if shard_size is not None and (not isinstance(shard_size, int) or shard_size < 1):
+        raise ValueError(f"`shard_size` must be a positive int; got {shard_size!r}")
+    settings: dict[str, Any] = {
+        "format": FORMAT,
+        "version": VERSION,
+        "items": items,
+        "shard_size": shard_size or _default_shard_size(items, batch_size),
+        "dtype": str(storage).removeprefix("torch."),
+        "topk": topk,
+        "target": _describe_target(target, per_item),
+        "method": _describe(method),
+        "model": None if observed is None else type(observed).__name__,
+    }
+    settings = _settle(out, settings, fixed_shard_size=shard_size is not None, rank=rank)
+    size = int(settings["shard_size"])
+    mine = list(_distributed.share(shard_count(items, size), rank, world))
+    todo = [shard for shard in mine if not is_complete(out, shard)]
+    batches = [
+        list(range(start, min(start + batch_size, rows.stop)))
+        for rows in (shard_rows(items, size, shard) for shard in todo)
+        for start in range(rows.start, rows.stop, batch_size)
+    ]
+    if device is None and observed is not None:
+        device = next((p.device for p in observed.parameters()), None)
+    run = _Batch(method, takes_target, target, per_item, storage, topk, device)
+    total = sum(len(shard_rows(items, size, shard)) for shard in mine)
+    bar = tqdm(
+        total=total,
+        initial=total - sum(len(b) for b in batches),
+        unit="item",
+        desc="attribute_dataset" + (f" (rank 0 of {world})" if world > 1 else ""),
+        disable=not progress or rank != 0,
+        dynamic_ncols=True,
+        delay=DELAY,
+    )
+    writer: ShardWriter | None = None
+    meta = {"rank": rank, "world": world, "host": socket.gethostname()}
+    # a finished shard is fsynced and renamed in a thread while the next batches compute; one at a time
+    with (
+        ThreadPoolExecutor(max_workers=1, thread_name_prefix="hookscope-shards") as publisher,
+        _observing(observed) as observer,
+    ):
+        published: Future[None] | None = None
+        try:
+            if batches:
+                loader = DataLoader(dataset, batch_sampler=batches, **options)
+                for indices, batch in zip(batches, loader, strict=True):
+                    if writer is None:
+                        shard = indices[0] // size
+                        writer = ShardWriter(out, shard, len(shard_rows(items, size, shard)))
+                    writer.append(run(batch, indices, observer))
+                    if writer.written == writer.rows:
+                        if published is not None:
+                            published.result()  # raises what went wrong there
+                        published = publisher.submit(writer.commit, meta)
+                        writer = None
+                    bar.update(len(indices))
+            if published is not None:
+                published.result()
+        except BaseException:
+            if writer is not None:
+                writer.abort()
+            raise
+        finally:
+            bar.close()
+    sync_dir(out / SHARDS)
+    gathered = _distributed.all_gather([read_meta(out, shard) for shard in mine])
+    if rank == 0:
+        _write_manifest(out, settings, [shard_meta for rank_metas in gathered for shard_meta in rank_metas])
+    _distributed.barrier()
+    return open_results(out)
+
+
+def open_results(out: str | Path) -> Results:
+    """The results that :func:`attribute_dataset` wrote to ``out``, read lazily and indexed by dataset index.
+
+    Args:
+        out: the output directory of a finished run.
+
+    Returns:
+        The :class:`Results`: ``len(res)``, ``res.maps[i]``, ``res.targets[i]``, ``res.classes[i]``, ...
+
+    Raises:
+        FileNotFoundError: ``out`` holds no results, or a run that has not finished (run it again to finish it).
+
+    Example:
+        >>> import tempfile, torch
+        >>> from attribution import attribute_dataset, open_results
+        >>> out = tempfile.mkdtemp()
+        >>> _ = attribute_dataset(lambda x, t: x.mean(1), torch.rand(6, 3, 4, 4), out, batch_size=4, progress=False)
+        >>> res = open_results(out)
+        >>> len(res), res.maps[5].shape, res.fields
+        (6, torch.Size([4, 4]), ('maps', 'index', 'targets'))
+    """
+    out = Path(out)
+    path = out / MANIFEST
+    if not path.is_file():
+        if (out / SETTINGS).is_file():
+            settings = json.loads((out / SETTINGS).read_text())
+            count = shard_count(settings["items"], settings["shard_size"])
+            done = sum(is_complete(out, shard) for shard in range(count))
+            raise FileNotFoundError(
+                f"the run in {out} has not finished ({done} of {count} shards written): call attribute_dataset "
+                "again with the same arguments to finish it; it resumes where it stopped"
+            )
+        raise FileNotFoundError(
+            f"{out} holds no attribution results (no {MANIFEST}); write them with attribute_dataset(method, data, out)"
+        )
+    manifest = json.loads(path.read_text())
+    if manifest.get("format") != FORMAT or manifest.get("version") != VERSION:
+        raise ValueError(
+            f"{path} is not a results manifest of this version (format {manifest.get('format')!r}, version "
+            f"{manifest.get('version')!r}; this library reads {FORMAT!r} version {VERSION})"
+        )
+    return Results(out, manifest)
+
+
+# -- one batch ----------------------------------------------------------------------------------------------------
+class _Batch:
+    """Computes one batch: inputs to the device, the target for the method, maps and observed logits as arrays."""
+
+    def __init__(
+        self,
+        method: Callable[..., torch.Tensor],
+        takes_target: bool,
+        target: DatasetTarget,
+        per_item: torch.Tensor | None,
+        storage: torch.dtype,
+        topk: int,
+        device: torch.device | str | None,
+    ) -> None:
+        self.method = method
+        self.takes_target = takes_target
+        self.target = target
+        self.per_item = per_item
+        self.storage = storage
+        self.topk = topk
+        self.device = device
+        self.warned_overflow = False
+
+    def __call__(self, batch: Any, indices: list[int], observer: _Observer) -> dict[str, np.ndarray]:
+        inputs, labels = _split(batch)
+        if self.device is not None:
+            inputs = pytree.tree_map(
+                lambda x: x.to(self.device, non_blocking=True) if isinstance(x, torch.Tensor) else x, inputs
+            )
+        given = self._target(labels, indices)
+        observer.start()
+        maps = self.method(inputs, given) if self.takes_target else self.method(inputs)
+        if not isinstance(maps, torch.Tensor) or maps.dim() == 0 or maps.shape[0] != len(indices):
+            got = f"shape {tuple(maps.shape)}" if isinstance(maps, torch.Tensor) else type(maps).__name__
+            raise ValueError(
+                f"`method` must return a tensor of maps (batch, ...) with one map per item; for a batch of "
+                f"{len(indices)} items it returned {got}"
+            )
+        stored = maps.detach().to("cpu", self.storage)
+        if self.storage == torch.float16 and not self.warned_overflow and _overflows(maps, stored):
+            warn(
+                "maps exceed float16's range (65504) and are stored as inf; store them with dtype=torch.float32",
+            )
+            self.warned_overflow = True
+        logits = observer.logits
+        columns = {"maps": stored.numpy(), "index": np.asarray(indices, dtype=np.int64)}
+        columns["targets"] = self._used(given, logits, len(indices))
+        if logits is not None and self.topk:
+            top = logits.topk(min(self.topk, logits.shape[1]), dim=1)
+            columns["classes"] = top.indices.cpu().numpy().astype(np.int64)
+            columns["scores"] = top.values.cpu().numpy()
+            columns["probs"] = logits.softmax(dim=1).gather(1, top.indices).cpu().numpy()
+        return columns
+
+    def _target(self, labels: Any, indices: list[int]) -> Any:
+        """What the method receives as ``target`` for this batch."""
+        if isinstance(self.target, str):
+            if not isinstance(labels, torch.Tensor) or labels.dim() != 1 or labels.is_floating_point():
+                got = f"{labels.dtype} {tuple(labels.shape)}" if isinstance(labels, torch.Tensor) else labels
+                raise ValueError(
+                    "target='label' needs items (input, label, ...) or dicts with a 'label' entry, with integer "
+                    f"class labels (a (batch,) tensor once batched); got labels {got}"
+                )
+            return labels.long()
+        if self.per_item is not None:
+            return self.per_item[indices]
+        return self.target
+
+    def _used(self, given: Any, logits: torch.Tensor | None, batch: int) -> np.ndarray:
+        """The class each map explains: the given ones, the top class for ``None``, -1 where unknown."""
+        if given is None:
+            used = logits.argmax(dim=1) if logits is not None else torch.full((batch,), -1)
+        elif isinstance(given, int):
+            used = torch.full((batch,), given)
+        elif isinstance(given, torch.Tensor):
+            used = given
+        else:  # a callable target: scores of anything, no class
+            used = torch.full((batch,), -1)
+        return used.cpu().numpy().astype(np.int64)
+
+
+class _Observer:
+    """The ``(batch, classes)`` logits of the model's first forward since :meth:`start` (None if not logits)."""
+
+    def __init__(self) -> None:
+        self.logits: torch.Tensor | None = None
+        self.calls = 0
+
+    def start(self) -> None:
+        """Forget the last batch: the next forward is the first one."""
+        self.logits, self.calls = None, 0
+
+    def keep(self, module: nn.Module, args: Any, output: Any) -> None:
+        self.calls += 1
+        if self.calls == 1:
+            logits = getattr(output, "logits", output)
+            if isinstance(logits, torch.Tensor) and logits.dim() == 2 and logits.is_floating_point():
+                self.logits = logits.detach().float()
+
+
+@contextmanager
+def _observing(model: nn.Module | None) -> Iterator[_Observer]:
+    """An observer of ``model``'s output through one forward hook, removed at exit (none without a model)."""
+    observer = _Observer()
+    if model is None:
+        yield observer
+        return
+    with HookManager(model) as mgr:
+        mgr.group("attribute_dataset.observe").forward("", observer.keep)
+        yield observer
+
+
+def _overflows(maps: torch.Tensor, stored: torch.Tensor) -> bool:
+    return bool(torch.isinf(stored).any()) and not bool(torch.isinf(maps).any())
+
+
+def _split(batch: Any) -> tuple[Any, Any]:
+    """``(inputs, labels)`` of a collated batch: a tensor, ``(input, label, ...)``, or a dict of inputs."""
+    if isinstance(batch, Mapping):
+        label = next((batch[k] for k in _LABEL_KEYS if k in batch), None)
+        return {k: v for k, v in batch.items() if k not in _LABEL_KEYS}, label
+    if isinstance(batch, (tuple, list)):
+        return batch[0], batch[1] if len(batch) > 1 else None
+    return batch, None
+
+
+# -- checks and settings ------------------------------------------------------------------------------------------
+def _dataset(data: Any, batch_size: int | None) -> tuple[Any, dict[str, Any], int]:
+    """``(dataset, DataLoader options to keep, batch size)``, checked."""
+    options: dict[str, Any] = {}
+    dataset = data
+    if isinstance(data, DataLoader):
+        dataset = data.dataset
+        accepted = inspect.signature(DataLoader.__init__).parameters
+        options = {k: getattr(data, k) for k in _LOADER_OPTIONS if k in accepted and hasattr(data, k)}
+        if not options.get("num_workers"):
+            options.pop("prefetch_factor", None)
+        batch_size = batch_size if batch_size is not None else data.batch_size
+    if isinstance(dataset, IterableDataset):
+        raise TypeError(
+            f"`data` is an iterable-style dataset ({type(dataset).__name__}): attribute_dataset needs indices to "
+            "resume and to share items between processes. Give a map-style Dataset (with __len__ and __getitem__)"
+        )
+    if not (hasattr(dataset, "__len__") and hasattr(dataset, "__getitem__")):
+        raise TypeError(f"`data` must be a Dataset, a DataLoader or a sequence; got {type(data).__name__}")
+    if batch_size is None:
+        raise TypeError("`batch_size` is needed: give batch_size=..., or a DataLoader with a batch_size")
+    if not isinstance(batch_size, int) or batch_size < 1:
+        raise ValueError(f"`batch_size` must be a positive int; got {batch_size!r}")
+    if len(dataset) == 0:
+        raise ValueError("`data` is empty")
+    return dataset, options, batch_size
+
+
+def _takes_target(method: Callable[..., Any]) -> bool:
+    """Whether ``method`` can be called as ``method(inputs, target)``."""
+    if not callable(method):
+        raise TypeError(f"`method` must be callable as method(inputs, target); got {type(method).__name__}")
+    try:
+        parameters = list(inspect.signature(method).parameters.values())
+    except (TypeError, ValueError):
+        return True
+    positional = [p for p in parameters if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    return len(positional) >= 2 or any(p.kind == p.VAR_POSITIONAL for p in parameters)
+
+
+def _check_target(target: DatasetTarget, items: int, takes_target: bool) -> torch.Tensor | None:
+    """Reject a bad ``target`` before anything runs; returns the per-item classes, if given."""
+    if target is not None and not takes_target:
+        raise ValueError(
+            "`method` takes no target (it is called as method(inputs)), but `target` was given; leave target=None"
+        )
+    if target is None or callable(target) or isinstance(target, int):
+        return None
+    if isinstance(target, str):
+        if target != "label":
+            raise ValueError(f"`target` as a string must be 'label' (each item's label); got {target!r}")
+        return None
+    per_item = torch.as_tensor(target)
+    if per_item.dim() != 1 or per_item.is_floating_point() or per_item.dtype == torch.bool:
+        raise TypeError(
+            f"`target` as a sequence must hold one integer class per dataset item, shape ({items},); got "
+            f"{per_item.dtype} of shape {tuple(per_item.shape)}"
+        )
+    if len(per_item) != items:
+        raise ValueError(f"`target` has {len(per_item)} entries but `data` has {items} items; give one per item")
+    return per_item.long()
+
+
+def _storage(dtype: torch.dtype | str) -> torch.dtype:
+    chosen = getattr(torch, dtype, None) if isinstance(dtype, str) else dtype
+    if chosen not in _STORAGE:
+        raise ValueError(f"`dtype` must be torch.float32 or torch.float16 (or 'float32', 'float16'); got {dtype!r}")
+    assert isinstance(chosen, torch.dtype)
+    return chosen
+
+
+def _default_shard_size(items: int, batch_size: int) -> int:
+    """A multiple of ``batch_size``: 1 to 16 batches, aiming at 64 shards (enough to share among processes).
+
+    At least 4 batches per shard while that leaves 8 shards or more, so that a small dataset does not pay a
+    directory, a few file syncs and a manifest entry for every batch.
+    """
+    batches = math.ceil(items / batch_size)
+    return batch_size * min(16, max(math.ceil(batches / 64), min(4, math.ceil(batches / 8)), 1))
+
+
+def _describe(obj: Any) -> str:
+    """A description of a callable that is the same in every run (no memory addresses)."""
+    text = repr(obj)
+    if " at 0x" in text:
+        named = obj if hasattr(obj, "__qualname__") else type(obj)
+        text = f"{getattr(named, '__module__', '?')}.{named.__qualname__}"
+    return text
+
+
+def _describe_target(target: DatasetTarget, per_item: torch.Tensor | None) -> str:
+    if per_item is not None:
+        digest = hashlib.sha256(per_item.numpy().astype(np.int64).tobytes()).hexdigest()[:16]
+        return f"one class per item (sha256 {digest})"
+    if target is None:
+        return "top class"
+    if isinstance(target, str):
+        return "labels"
+    if isinstance(target, int):
+        return f"class {target}"
+    return f"callable {_describe(target)}"
+
+
+def _settle(out: Path, settings: dict[str, Any], *, fixed_shard_size: bool, rank: int) -> dict[str, Any]:
+    """Record the run's settings in ``out``, or check them against those of the run being resumed."""
+    path = out / SETTINGS
+    if rank == 0:
+        out.mkdir(parents=True, exist_ok=True)
+        if not path.exists():
+            write_json(path, settings)
+    _distributed.barrier()
+    if not path.is_file():
+        raise FileNotFoundError(
+            f"{path} is missing here, though rank 0 wrote it: `out` must be on a file system that every process "
+            "sees (for several machines, a shared one)"
+        )
+    stored = json.loads(path.read_text())
+    if not fixed_shard_size and "shard_size" in stored:
+        settings = {**settings, "shard_size": stored["shard_size"]}  # resuming with another batch size is fine
+    differ = [key for key in settings if stored.get(key) != settings[key]]
+    if differ:
+        changes = "; ".join(f"{key}: {stored.get(key)!r} there, {settings[key]!r} now" for key in differ)
+        raise ValueError(
+            f"`out` {str(out)!r} holds a run with other settings ({changes}). Use another directory, or delete "
+            "this one to start over"
+        )
+    return settings
+
+
+def _write_manifest(out: Path, settings: dict[str, Any], metas: list[dict[str, Any]]) -> None:
+    """Check that every shard is there, with the same fields, and write the manifest (last)."""
+    metas = sorted(metas, key=lambda meta: meta["shard"])
+    count = shard_count(settings["items"], settings["shard_size"])
+    if [meta["shard"] for meta in metas] != list(range(count)):
+        raise RuntimeError(f"expected shards 0..{count - 1}; the processes reported {[m['shard'] for m in metas]}")
+    fields = metas[0]["fields"]
+    for meta in metas[1:]:
+        if meta["fields"] != fields:
+            raise ValueError(
+                f"shard {meta['shard']} stores {meta['fields']} but shard 0 stores {fields}: parts of `out` were "
+                "computed differently (another model output or map shape); start over in a new directory"
+            )
+    manifest = {
+        "format": FORMAT,
+        "version": VERSION,
+        "items": settings["items"],
+        "shard_size": settings["shard_size"],
+        "fields": fields,
+        "settings": settings,
+        "shards": [{"shard": m["shard"], "rows": m["rows"], "rank": m["rank"], "host": m["host"]} for m in metas],
+    }
+    write_json(out / MANIFEST, manifest)

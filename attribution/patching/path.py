@@ -1,0 +1,238 @@
+"""Path patching: the effect of one sender on the metric through chosen receivers only.
+
+`Wang et al. 2022 <https://arxiv.org/abs/2211.00593>`_ (the IOI circuit, appendix B) and `Goldowsky-Dill et al. 2023
+<https://arxiv.org/abs/2304.05969>`_. Activation patching measures everything a site does downstream; path patching
+keeps only the paths that avoid the sites in ``freeze`` and end in the ``receivers``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any, Literal
+
+import torch
+from torch import nn
+
+from hooks import ModuleTarget
+
+from .._inputs import batch_size
+from .._progress import progress as progress_bar
+from .._run import Element, HookedRun, did_not_run, eager_module, hook_site
+from ._sweep import (
+    DEFAULT_HEAD_PATTERN,
+    Cell,
+    cell_index,
+    check_same_shapes,
+    checked_metric,
+    ordered,
+    plain,
+    plan_cells,
+    view_axes,
+)
+from .sites import Recorded, check_site, record, replace
+
+
+def path_patching(
+    model: nn.Module,
+    base: Any,
+    source: Any,
+    senders: ModuleTarget,
+    receivers: ModuleTarget,
+    metric: Callable[[Any], torch.Tensor],
+    *,
+    freeze: ModuleTarget | None = None,
+    site: Literal["output", "input"] = "output",
+    element: Element = None,
+    positions: bool | Sequence[int] = True,
+    heads: int | None = None,
+    head_pattern: str = DEFAULT_HEAD_PATTERN,
+    receiver_site: Literal["output", "input"] = "input",
+    receiver_element: Element = None,
+    receiver_positions: Sequence[int] | None = None,
+    cells: Sequence[Sequence[int]] | None = None,
+    per_example: bool = False,
+    normalize: bool = False,
+    progress: bool = True,
+) -> torch.Tensor:
+    """Patch each sender cell from ``source`` into ``base`` along the paths that reach ``receivers`` only.
+
+    ``base`` is the run being patched (the clean prompt, when asking what breaks it; the corrupted one when asking
+    what restores it) and ``source`` the run the sender's activation comes from. For every sender cell (a layer of
+    ``senders``, and a position and/or head, as in :func:`attribution.activation_patching`):
+
+    1. *Sender run.* ``base`` runs with the cell's slice of the sender activation taken from the ``source`` run,
+       while the ``site`` of every module in ``freeze`` keeps its value from the unpatched ``base`` run (every call;
+       on the sender's own module, everything but the cell). The inputs (``receiver_site``) of the ``receivers``
+       are recorded.
+    2. *Receiver run.* A fresh ``base`` run with the receivers' inputs replaced by those recorded values (only at
+       ``receiver_positions`` when given), and ``metric`` measured.
+
+    So the change of the sender reaches the metric only through paths that pass no frozen site and end in a receiver:
+    with the attention heads as ``freeze``, through the residual stream and the MLPs. A receiver is never frozen at
+    its own receiving site. Costs two reference runs (``base`` and ``source``, recorded without autograd) and two
+    forwards per cell.
+
+    Args:
+        model: any module (a ``torch.compile`` d model: the module it wraps); called as ``model(x)``, ``model(*x)``
+            for a tuple or ``model(**x)`` for a mapping (a HuggingFace tokenizer's ``BatchEncoding`` as it is).
+        base: the input whose run is patched.
+        source: the input the sender activations come from, same structure and shapes.
+        senders: modules whose ``site`` is patched (names, globs, modules), in the order of the result's first axis.
+        receivers: modules whose ``receiver_site`` is recorded in the sender run and patched in the receiver run.
+        metric: ``metric(model_output)``: a scalar tensor, or with ``per_example=True`` a ``(batch,)`` tensor.
+        freeze: modules whose ``site`` (with ``element``) keeps its ``base`` value in the sender run. ``None`` (the
+            default) freezes the senders themselves: with ``senders="layers.*.attn.o", heads=n`` every other head
+            (Wang et al.'s choice). ``()`` freezes nothing (then, with all positions as receivers, this is
+            activation patching).
+        site: ``"output"`` or ``"input"`` (the first argument as called) of the senders and frozen modules.
+        element: for tuple, mapping or ``ModelOutput`` sites, the tensor that is the site (an index or a name); for
+            ``site="input"``, the argument (a position or a parameter name).
+        positions: ``True``: one cell per sender position; a sequence: those positions; ``False``: all at once.
+        heads: number of sender heads: one cell per head, the activation viewed through ``head_pattern``.
+        head_pattern: einops pattern splitting the last axis into heads, with ``h`` the head axis.
+        receiver_site: ``"input"`` (default) or ``"output"`` of the receivers.
+        receiver_element: ``element`` for the receivers' site.
+        receiver_positions: positions (axis 1) of the receivers' activations to patch; ``None``: all.
+        cells: run only these cells, given as indices into the result (``(sender, head)`` for a ``(senders, heads)``
+            result, ``(sender, position_index, head)`` for ``(senders, positions, heads)``...); the other cells are
+            NaN. For confirming a few cells that a screen such as attribution patching ranked first.
+        per_example: keep one value per batch item (a trailing batch axis).
+        normalize: return ``(patched - m_base) / (m_source - m_base)``: 0 is the ``base`` run, 1 the ``source`` run.
+        progress: show a tqdm progress bar (it appears once the call has run for a second).
+
+    Returns:
+        A float32 CPU tensor shaped like :func:`attribution.activation_patching`'s: ``(senders, positions)``,
+        ``(senders,)``, ``(senders, heads)`` or ``(senders, positions, heads)``, plus a trailing batch axis with
+        ``per_example=True``: the metric after each path patch.
+
+    Raises:
+        ValueError: ``base`` and ``source`` differ in structure or shape (before any forward); ``metric`` is not a
+            scalar (or ``(batch,)`` with ``per_example``), a sender, frozen module or receiver never runs, ``heads``
+            do not divide the activation.
+        IndexError: a position out of range.
+
+    Example:
+        >>> class Toy(torch.nn.Module):  # s = x + a(x) + b(x + a(x)), with a(u) = 2u and b(u) = 3u
+        ...     def __init__(self):
+        ...         super().__init__()
+        ...         self.a, self.b, self.r = torch.nn.Identity(), torch.nn.Identity(), torch.nn.Identity()
+        ...     def forward(self, x):
+        ...         h1 = self.a(2 * x)
+        ...         h2 = self.b(3 * (x + h1))
+        ...         return self.r(x + h1 + h2)
+        >>> base, source = torch.ones(1, 1), torch.full((1, 1), 2.0)
+        >>> path_patching(Toy(), base, source, ["a", "b"], "r", lambda out: out.sum(), positions=False)
+        tensor([14., 21.])
+    """
+    check_site(site)
+    check_site(receiver_site)
+    model = eager_module(model)
+    base, source = plain(base, model), plain(source, model)
+    check_same_shapes(base, source)
+    sender_names = [name for name, _ in ordered(model, senders)]
+    receiver_names = [name for name, _ in ordered(model, receivers)]
+    if freeze is None:
+        frozen = list(sender_names)
+    elif isinstance(freeze, (list, tuple)) and not freeze:
+        frozen = []
+    else:
+        frozen = [name for name, _ in ordered(model, freeze)]
+    if site == receiver_site and element == receiver_element:
+        frozen = [name for name in frozen if name not in receiver_names]  # receivers receive; they are not frozen
+    batch = batch_size(base)
+    patched_names = list(dict.fromkeys(sender_names + frozen))
+
+    with HookedRun(model, "path-patching") as run:
+        with (
+            record(model, patched_names, site=site, element=element) as base_acts,
+            record(model, receiver_names, site=receiver_site, element=receiver_element) as base_received,
+        ):
+            base_metric = checked_metric(metric, run.forward(base), per_example, batch)
+        with record(model, sender_names, site=site, element=element) as source_acts:
+            source_metric = checked_metric(metric, run.forward(source), per_example, batch)
+        for kind, names, seen in (
+            ("`senders`", sender_names, base_acts),
+            ("`freeze`", frozen, base_acts),
+            ("`receivers`", receiver_names, base_received),
+        ):
+            for name in names:
+                if name not in seen:
+                    raise did_not_run(kind, name)
+        axes = view_axes(head_pattern if heads else None, positions is not False)
+        every, shape = plan_cells(sender_names, source_acts, positions, heads, head_pattern, axes)
+        chosen = range(len(every)) if cells is None else _chosen(cells, shape)
+        sizes = {"h": heads} if heads else {}
+        pattern = head_pattern if heads else None
+        receiver_index: tuple[Any, ...] = () if receiver_positions is None else (slice(None), list(receiver_positions))
+        values = torch.full((len(every), *((batch,) if per_example else ())), float("nan"))
+
+        state: dict[str, Any] = {"stage": None, "cell": None}
+        received: dict[str, list[torch.Tensor]] = {}
+
+        def sender_site(current: torch.Tensor, name: str, call_index: int) -> torch.Tensor | None:
+            if state["stage"] != "sender":
+                return None
+            new = current
+            if name in frozen:
+                new = _call(base_acts, name, call_index).to(current.dtype).clone()
+            cell: Cell = state["cell"]
+            if name == sender_names[cell.layer]:
+                new = replace(
+                    new,
+                    _call(source_acts, name, call_index),
+                    cell_index(axes, slice(None), cell),
+                    pattern=pattern,
+                    sizes=sizes,
+                )
+            return None if new is current else new
+
+        def receiver(current: torch.Tensor, name: str, call_index: int) -> torch.Tensor | None:
+            if state["stage"] == "sender":
+                calls = received.setdefault(name, [])
+                del calls[call_index:]
+                calls.append(current.detach().clone())
+            elif state["stage"] == "receiver":
+                calls = received[name]
+                if call_index >= len(calls):
+                    raise RuntimeError(f"{name!r} ran more often than in the sender run ({len(calls)} call(s))")
+                return replace(current, calls[call_index], receiver_index)
+            return None
+
+        hook_site(run.group, patched_names, site, element, sender_site)
+        hook_site(run.group, receiver_names, receiver_site, receiver_element, receiver)
+        for i in progress_bar(chosen, desc="path patching", enabled=progress):
+            cell = every[i]
+            received.clear()
+            state.update(stage="sender", cell=cell)
+            run.forward(base)
+            state["stage"] = "receiver"
+            values[i] = checked_metric(metric, run.forward(base), per_example, batch).float().cpu()
+            state["stage"] = None
+
+    result = values.view(*shape, *((batch,) if per_example else ()))
+    if normalize:  # 0 = the base run, 1 = the source run
+        low, high = base_metric.float().cpu(), source_metric.float().cpu()
+        result = (result - low) / (high - low)
+    return result
+
+
+def _chosen(cells: Sequence[Sequence[int]], shape: tuple[int, ...]) -> list[int]:
+    """Flat (row-major) indices of ``cells``, index tuples into a result of ``shape``; checked."""
+    flat = set()
+    for cell in cells:
+        index = tuple(int(i) for i in cell)
+        if len(index) != len(shape) or not all(-n <= i < n for i, n in zip(index, shape, strict=True)):
+            raise IndexError(f"`cells` entry {tuple(cell)} is not an index into the result's shape {shape}")
+        position = 0
+        for i, n in zip(index, shape, strict=True):
+            position = position * n + i % n
+        flat.add(position)
+    return sorted(flat)
+
+
+def _call(acts: Recorded, name: str, index: int) -> torch.Tensor:
+    """The recorded activation of ``name``'s ``index``-th call in a reference run."""
+    calls = acts.calls[name]
+    if index >= len(calls):
+        raise RuntimeError(f"{name!r} ran more often than in the reference run ({len(calls)} call(s))")
+    return calls[index]

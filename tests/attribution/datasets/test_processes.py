@@ -1,0 +1,254 @@
+"""Dataset runs in other processes: torchrun with gloo equal to one process, a killed run resumed, the command line."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import torchvision
+from PIL import Image
+
+from attribution import GradCAM, open_results
+from attribution.cli import ImageFolder, build_model, main
+from attribution.datasets import _distributed, _shards
+from tests.attribution.datasets import _worker as worker
+
+ROOT = Path(__file__).resolve().parents[3]
+WORKER = Path(worker.__file__)
+
+
+def environment() -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")}
+    return {**env, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", "MPLBACKEND": "Agg"}
+
+
+def torchrun(*args: str, processes: int = 2) -> subprocess.CompletedProcess[str]:
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={processes}", *args]
+    result = subprocess.run(command, capture_output=True, text=True, cwd=ROOT, env=environment(), timeout=300)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-6000:]
+    return result
+
+
+@pytest.fixture
+def one_thread():
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # as in the torchrun processes, so that float results can be compared bitwise
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.mark.parametrize("share", [(11, 2), (6, 4), (1, 3), (0, 2), (7, 1)])
+def test_shares_cover_every_unit_once(share):
+    count, world = share
+    taken = [unit for rank in range(world) for unit in _distributed.share(count, rank, world)]
+    assert sorted(taken) == list(range(count))
+
+
+@pytest.mark.slow
+def test_torchrun_two_processes_with_gloo_equal_one_process(two_processes, tmp_path, one_thread):
+    single = worker.run(tmp_path / "one", shard_size=2)
+    two, one = open_results(two_processes / "run"), open_results(tmp_path / "one")
+    assert len(two) == len(one) == worker.ITEMS
+    for field in one.fields:
+        assert torch.equal(two.column(field)[:], one.column(field)[:]), field
+    manifest = json.loads((two_processes / "run" / _shards.MANIFEST).read_text())
+    assert [s["rank"] for s in manifest["shards"]] == [0, 1, 0, 1, 0, 1]  # 11 items: 6 for rank 0, 5 for rank 1
+    assert [s["rows"] for s in manifest["shards"]] == [2, 2, 2, 2, 2, 1]
+    ranks = [torch.load(two_processes / "run" / f"aggregates-rank{r}.pt", weights_only=True) for r in (0, 1)]
+    for computed in ranks:
+        assert computed["world"] == 2 and computed["backend"] == "gloo"
+        assert torch.equal(computed["classes"], single["classes"]) and torch.equal(computed["counts"], single["counts"])
+        torch.testing.assert_close(computed["means"], single["means"])  # sums in another order: float64 rounding
+        torch.testing.assert_close(computed["patching_mean"], single["patching_mean"])
+        torch.testing.assert_close(computed["patching_std"], single["patching_std"])
+        assert computed["patching_count"] == worker.PAIRS
+    assert torch.equal(ranks[0]["means"], ranks[1]["means"])  # every process gets the same reduction
+
+
+@pytest.mark.slow
+def test_a_killed_run_resumes_where_it_stopped(tmp_path, one_thread):
+    out = tmp_path / "run"
+    process = subprocess.Popen(
+        [sys.executable, str(WORKER), str(out), "4", "0.4"],  # 3 shards of 2 batches; 0.4 s per batch
+        cwd=ROOT,
+        env=environment(),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and process.poll() is None:
+            half = [p for p in (out / "shards").glob("*.tmp-*") if (p / "maps.npy").is_file()]
+            if _shards.is_complete(out, 0) and half:
+                break  # one shard published, the next one half-written (a batch in, 0.4 s before the next)
+            time.sleep(0.02)
+        else:
+            pytest.fail(f"the run ended or stalled before it could be killed: {process.stderr.read().decode()[-3000:]}")
+        process.send_signal(signal.SIGKILL)
+        process.wait(timeout=30)
+    finally:
+        if process.poll() is None:
+            process.kill()
+        process.stderr.close()
+    done = [s for s in range(3) if _shards.is_complete(out, s)]
+    assert done and done != [0, 1, 2] and list((out / "shards").glob("*.tmp-*"))
+    with pytest.raises(FileNotFoundError, match="not finished"):
+        open_results(out)
+
+    computed = []
+    cam = GradCAM(worker.cnn(), "features.2")
+
+    class Counting(worker.Slow):
+        def __call__(self, inputs: torch.Tensor, target: object = None) -> torch.Tensor:
+            computed.extend(range(len(inputs)))
+            return super().__call__(inputs, target)
+
+    from attribution import attribute_dataset
+
+    res = attribute_dataset(Counting(cam, 0.0), worker.images(), out, batch_size=2, progress=False)
+    assert len(computed) == worker.ITEMS - 4 * len(done)
+    assert not list((out / "shards").glob("*.tmp-*"))
+    reference = worker.run(tmp_path / "reference", shard_size=4)
+    assert reference["world"] == 1
+    expected = open_results(tmp_path / "reference")
+    assert torch.equal(res.index[:], torch.arange(worker.ITEMS))
+    assert torch.equal(res.maps[:], expected.maps[:]) and torch.equal(res.scores[:], expected.scores[:])
+
+
+def make_image_folder(folder: Path) -> Path:
+    rng = np.random.default_rng(0)
+    (folder / "sub").mkdir(parents=True)
+    for i, (h, w) in enumerate([(20, 24), (18, 18), (24, 20), (30, 22), (16, 28)]):
+        name = f"sub/img{i}.jpg" if i % 2 else f"img{i}.png"
+        Image.fromarray(rng.integers(0, 256, (h, w, 3), dtype=np.uint8)).save(folder / name)
+    (folder / "notes.txt").write_text("not an image")
+    return folder
+
+
+def make_checkpoint(path: Path) -> Path:
+    torch.manual_seed(0)
+    torch.save({"state_dict": torchvision.models.resnet18(num_classes=3).state_dict()}, path)
+    return path
+
+
+@pytest.fixture
+def image_folder(tmp_path) -> Path:
+    return make_image_folder(tmp_path / "images")
+
+
+@pytest.fixture
+def checkpoint(tmp_path) -> Path:
+    return make_checkpoint(tmp_path / "resnet18-3.pt")
+
+
+CLI_OPTIONS = ["--model", "resnet18", "--num-classes", "3", "--layer", "layer2", "--size", "16", "--batch-size", "2"]
+
+
+@pytest.fixture(scope="module")
+def two_processes(tmp_path_factory) -> Path:
+    """One torchrun start with two processes: the worker's dataset run, then the command line."""
+    root = tmp_path_factory.mktemp("torchrun")
+    images, checkpoint = make_image_folder(root / "images"), make_checkpoint(root / "resnet18-3.pt")
+    cli = [str(images), str(root / "cli"), *CLI_OPTIONS, "--checkpoint", str(checkpoint)]
+    torchrun(str(WORKER), str(root / "run"), "2", "--", *cli)
+    return root
+
+
+@pytest.mark.slow
+def test_command_line_under_torchrun_equals_gradcam_in_process(two_processes, one_thread):
+    out, image_folder, checkpoint = two_processes / "cli", two_processes / "images", two_processes / "resnet18-3.pt"
+    files = (out / "files.txt").read_text().split()
+    assert files == ["img0.png", "img2.png", "img4.png", "sub/img1.jpg", "sub/img3.jpg"]
+    res = open_results(out)
+    images = ImageFolder(image_folder, size=16, crop=0.875, mean=(0.485, 0.456, 0.406), std=(0.229, 0.224, 0.225))
+    model = build_model("resnet18", checkpoint=checkpoint, pretrained=False, num_classes=3)
+    cam = GradCAM(model, "layer2")
+    x = torch.stack([images[i] for i in range(len(images))])
+    expected = torch.cat([cam(x[i : i + 2]) for i in range(0, len(images), 2)])
+    assert res.maps.dtype == torch.float16 and torch.equal(res.maps[:], expected.half())
+    with torch.no_grad():
+        assert torch.equal(res.classes[:], model(x).topk(3, dim=1).indices)
+    summary = (out / "summary.csv").read_text().splitlines()
+    assert summary[0] == "index,file,target,top_class,top_prob" and summary[4].startswith("3,sub/img1.jpg,")
+    for name in ("img0", "img2", "img4", "sub/img1", "sub/img3"):
+        with Image.open(out / "overlays" / f"{name}.png") as overlay:
+            assert overlay.size == (16, 16) and overlay.mode == "RGB"
+    manifest = json.loads((out / _shards.MANIFEST).read_text())
+    assert {s["rank"] for s in manifest["shards"]} == {0, 1}
+
+
+def test_command_line_overlay_shows_the_map(image_folder, checkpoint, tmp_path):
+    out = tmp_path / "out"
+    args = [str(image_folder), str(out), "--model", "resnet18", "--num-classes", "3", "--layer", "layer3"]
+    assert main([*args, "--checkpoint", str(checkpoint), "--size", "32", "--quiet", "--alpha", "1"]) == 0
+    res = open_results(out)
+    shown = next(i for i in range(len(res)) if res.maps[i].max() > 0.5)  # a map that is not all zero
+    name = (out / "files.txt").read_text().split()[shown]
+    with Image.open(out / "overlays" / name.replace(".jpg", ".png")) as overlay:
+        pixels = np.asarray(overlay, dtype=np.float64) / 255
+    import matplotlib
+
+    heat = res.maps[shown].float().numpy()
+    colours = matplotlib.colormaps["jet"](heat / heat.max())[..., :3]
+    np.testing.assert_allclose(pixels, colours, atol=1 / 255 + 1e-3)  # alpha=1: the colour map alone
+    before = (out / "overlays" / "img2.png").stat().st_mtime_ns
+    assert main([*args, "--checkpoint", str(checkpoint), "--size", "32", "--quiet"]) == 0  # resumed: nothing redone
+    assert (out / "overlays" / "img2.png").stat().st_mtime_ns == before
+
+
+def test_command_line_errors(image_folder, checkpoint, tmp_path):
+    base = [str(image_folder), str(tmp_path / "out"), "--layer", "layer4", "--quiet"]
+    with pytest.raises(SystemExit, match=r"does not fit ResNet: size mismatch for fc\.weight.*--num-classes"):
+        main([*base, "--model", "resnet18", "--checkpoint", str(checkpoint)])  # 1000 classes, the checkpoint has 3
+    torch.save(torchvision.models.resnet34(num_classes=3).state_dict(), tmp_path / "r34.pt")
+    with pytest.raises(SystemExit, match=r"does not fit ResNet: missing none, unexpected layer1\.2\.conv1\.weight"):
+        main([*base, "--model", "resnet18", "--num-classes", "3", "--checkpoint", str(tmp_path / "r34.pt")])
+    with pytest.raises(SystemExit, match="neither a torchvision nor a timm model"):
+        main([*base, "--model", "timm:no_such_net"] if _has_timm() else [*base, "--model", "no_such_net"])
+    with pytest.raises(SystemExit, match="'torchvision:resnet19' is not a torchvision model"):
+        main([*base, "--model", "torchvision:resnet19"])
+    with pytest.raises(SystemExit, match="does not exist"):
+        main([*base, "--model", "resnet18", "--checkpoint", str(tmp_path / "missing.pt")])
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(SystemExit, match="no image under"):
+        main([str(tmp_path / "empty"), str(tmp_path / "o"), "--model", "resnet18", "--layer", "layer4"])
+
+
+def _has_timm() -> bool:
+    try:
+        import timm  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def test_default_weights_come_from_the_local_cache(tmp_path, monkeypatch):
+    weights = torchvision.models.get_model_weights("resnet18").DEFAULT
+    cache = tmp_path / "torch" / "hub" / "checkpoints"
+    cache.mkdir(parents=True)
+    torch.manual_seed(5)
+    state = torchvision.models.resnet18().state_dict()
+    torch.save(state, cache / Path(weights.url).name)  # what an earlier download would have left
+    monkeypatch.setenv("TORCH_HOME", str(tmp_path / "torch"))
+    model = build_model("resnet18", checkpoint=None, pretrained=True, num_classes=None)
+    assert all(torch.equal(v, state[k]) for k, v in model.state_dict().items())
+    assert not model.training
+
+
+def test_timm_models_load_a_checkpoint(tmp_path):
+    timm = pytest.importorskip("timm")
+    torch.manual_seed(1)
+    reference = timm.create_model("resnet18", num_classes=4)
+    torch.save({f"module.{k}": v for k, v in reference.state_dict().items()}, tmp_path / "ddp.pt")  # a DDP checkpoint
+    model = build_model("timm:resnet18", checkpoint=tmp_path / "ddp.pt", pretrained=False, num_classes=4)
+    x = torch.randn(2, 3, 32, 32)
+    with torch.no_grad():
+        assert torch.equal(model(x), reference.eval()(x))
