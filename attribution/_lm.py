@@ -1,0 +1,371 @@
+"""Where things are in a decoder-only language model: layers, heads, projections, final norm, unembedding.
+
+:func:`lm_layout` reads a HuggingFace causal LM (Llama, Qwen2/3, Mistral, Gemma, Phi, GPT-2, GPT-NeoX and
+models named like them) from its config and its module names, and returns an :class:`LMLayout` of qualified module
+names that the lens, circuit and generation methods hook. Anything it cannot find is named in the error together
+with the keyword that passes it explicitly. :func:`norm_affine` reads a norm module as ``gain * centre(x) / scale +
+shift`` and checks that reading against the module itself, so that a frozen-scale linearisation is never silently
+wrong for a norm of an unknown kind.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+from torch import nn
+
+QKVOrder = Literal["separate", "blocks", "per_head"]
+
+_LAYER_LISTS = ("model.layers", "transformer.h", "gpt_neox.layers", "model.decoder.layers", "transformer.layers")
+_CHILDREN: dict[str, tuple[str, ...]] = {
+    "attention": ("self_attn", "attn", "attention", "self_attention"),
+    "out_proj": ("o_proj", "c_proj", "dense", "out_proj", "wo"),
+    "q": ("q_proj", "query", "wq"),
+    "k": ("k_proj", "key", "wk"),
+    "v": ("v_proj", "value", "wv"),
+    "qkv": ("qkv_proj", "c_attn", "query_key_value", "Wqkv"),
+    "mlp": ("mlp", "feed_forward", "block_sparse_moe"),
+    "attn_norm": ("input_layernorm", "ln_1", "attention_norm", "ln_attn"),
+    "mlp_norm": ("pre_feedforward_layernorm", "post_attention_layernorm", "ln_2", "ffn_norm", "ln_mlp"),
+}
+_FINAL_NORMS = ("norm", "ln_f", "final_layer_norm", "final_layernorm", "norm_f")
+_PARALLEL_TYPES = ("phi", "gptj", "falcon", "cohere")
+
+
+@dataclass(frozen=True)
+class AttentionLayout:
+    """Qualified names of one attention module and its projections.
+
+    ``q``/``k``/``v`` are set for separate projections; ``qkv`` for a fused one, whose output features are ordered
+    as ``qkv_order`` says: ``"blocks"`` (all queries, then all keys, then all values: GPT-2, Phi-3) or
+    ``"per_head"`` (query, key and value of head 0, then of head 1, ...: GPT-NeoX).
+    """
+
+    module: str
+    out_proj: str
+    q: str | None = None
+    k: str | None = None
+    v: str | None = None
+    qkv: str | None = None
+    qkv_order: QKVOrder = "separate"
+
+
+@dataclass(frozen=True)
+class LayerLayout:
+    """One decoder layer: its module, attention, MLP and the norms in front of them.
+
+    ``parallel``: attention and MLP read the same residual stream (GPT-J, GPT-NeoX's parallel residual, Phi).
+    ``sandwich``: the attention and MLP outputs pass through a norm before they join the residual stream
+    (Gemma 2/3), so they are not linear writers.
+    """
+
+    index: int
+    module: str
+    attention: AttentionLayout
+    mlp: str
+    attn_norm: str | None
+    mlp_norm: str | None
+    parallel: bool = False
+    sandwich: bool = False
+
+
+@dataclass(frozen=True)
+class LMLayout:
+    """Module names and sizes of a decoder-only language model (see :func:`lm_layout`)."""
+
+    embed: str
+    position: str | None
+    layers: tuple[LayerLayout, ...]
+    final_norm: str
+    unembed: str | None
+    n_heads: int
+    n_kv_heads: int
+    head_dim: int
+    hidden: int
+
+    @property
+    def group_size(self) -> int:
+        """Query heads per key/value head (1 for plain multi-head attention)."""
+        return self.n_heads // self.n_kv_heads
+
+
+def lm_layout(
+    model: nn.Module,
+    *,
+    layers: str | None = None,
+    final_norm: str | None = None,
+    unembed: str | None = None,
+    embed: str | None = None,
+    children: Mapping[str, str] | None = None,
+    n_heads: int | None = None,
+    n_kv_heads: int | None = None,
+) -> LMLayout:
+    """Find the modules of a decoder-only language model.
+
+    Args:
+        model: a HuggingFace causal LM (or a model with the same module names).
+        layers: qualified name of the ``nn.ModuleList`` of decoder layers (found when ``None``).
+        final_norm: qualified name of the norm before the unembedding.
+        unembed: qualified name of the unembedding (``model.get_output_embeddings()`` when ``None``).
+        embed: qualified name of the token embedding (``model.get_input_embeddings()`` when ``None``).
+        children: names inside a decoder layer, relative to it, for any of the keys ``attention``, ``out_proj``,
+            ``q``, ``k``, ``v``, ``qkv``, ``mlp``, ``attn_norm``, ``mlp_norm`` (``out_proj`` and ``q``... are
+            relative to the attention module).
+        n_heads: query heads (from the config when ``None``).
+        n_kv_heads: key/value heads (from the config when ``None``; equal to ``n_heads`` without GQA).
+
+    Returns:
+        The layout, with qualified module names.
+
+    Raises:
+        ValueError: a module or a size that could not be found, with the keyword that passes it.
+
+    Example:
+        >>> import transformers
+        >>> config = transformers.LlamaConfig(vocab_size=20, hidden_size=16, intermediate_size=32,
+        ...     num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2)
+        >>> layout = lm_layout(transformers.LlamaForCausalLM(config))
+        >>> layout.layers[1].attention.out_proj, layout.final_norm, layout.n_kv_heads, layout.head_dim
+        ('model.layers.1.self_attn.o_proj', 'model.norm', 2, 4)
+    """
+    modules = dict(model.named_modules())
+    config = getattr(model, "config", None)
+    layer_list = layers or _find_layer_list(modules, config)
+    if not isinstance(modules.get(layer_list), nn.ModuleList):
+        raise ValueError(
+            f"`layers` {layer_list!r} is not an nn.ModuleList of the model (see hooks.module_names(model))"
+        )
+    names = _children(modules, layer_list, children or {})
+    layer_layouts = tuple(_layer(modules, layer_list, i, names, config) for i in range(len(modules[layer_list])))
+    heads = n_heads or _config_int(config, ("num_attention_heads", "n_head", "num_heads"), "n_heads") or 0
+    kv = n_kv_heads or _config_int(config, ("num_key_value_heads", "num_kv_heads"), None) or heads
+    hidden = _config_int(config, ("hidden_size", "n_embd", "d_model"), None) or _embedding_dim(model)
+    head_dim = _config_int(config, ("head_dim",), None) or hidden // heads
+    if heads % kv:
+        raise ValueError(f"`n_kv_heads` ({kv}) must divide `n_heads` ({heads})")
+    return LMLayout(
+        embed=embed or _name_of(modules, _call(model, "get_input_embeddings"), "embed", "the token embedding"),
+        position=_qualified(_base(layer_list), _child(modules, _base(layer_list), ("wpe", "embed_positions"))),
+        layers=layer_layouts,
+        final_norm=final_norm or _final_norm(modules, layer_list),
+        unembed=unembed or _unembed(modules, model),
+        n_heads=heads,
+        n_kv_heads=kv,
+        head_dim=head_dim,
+        hidden=hidden,
+    )
+
+
+def _find_layer_list(modules: dict[str, nn.Module], config: object) -> str:
+    """The decoder layers: a known name, else the one ``ModuleList`` as long as the config's layer count."""
+    for name in _LAYER_LISTS:
+        if isinstance(modules.get(name), nn.ModuleList):
+            return name
+    count = _config_int(config, ("num_hidden_layers", "n_layer", "num_layers"), None)
+    lists = [n for n, m in modules.items() if isinstance(m, nn.ModuleList) and len(m) == count]
+    if len(lists) == 1:
+        return lists[0]
+    raise ValueError(
+        f"could not find the decoder layers (looked for {', '.join(_LAYER_LISTS)} and for one ModuleList of "
+        f"config.num_hidden_layers={count} modules, found {lists or 'none'}): pass `layers='<name of the "
+        "ModuleList>'`"
+    )
+
+
+def _children(modules: dict[str, nn.Module], layer_list: str, overrides: Mapping[str, str]) -> dict[str, str]:
+    """The child names inside the first decoder layer: the overrides, else the first known spelling found."""
+    first = f"{layer_list}.0"
+    found = dict(overrides)
+    for key in ("attention", "mlp", "attn_norm", "mlp_norm"):
+        if key not in found and (name := _child(modules, first, _CHILDREN[key])) is not None:
+            found[key] = name
+    if "attention" in found:
+        for key in ("out_proj", "q", "k", "v", "qkv"):
+            if key not in found and (name := _child(modules, f"{first}.{found['attention']}", _CHILDREN[key])):
+                found[key] = name
+    return found
+
+
+def _layer(
+    modules: dict[str, nn.Module], layer_list: str, i: int, names: Mapping[str, str], config: object
+) -> LayerLayout:
+    """The layout of decoder layer ``i`` from the child names."""
+    prefix = f"{layer_list}.{i}"
+    attention = f"{prefix}.{names.get('attention')}"
+    for key, where, hint in (
+        ("attention", prefix, "the attention module"),
+        ("out_proj", attention, "the attention's output projection"),
+        ("mlp", prefix, "the MLP"),
+    ):
+        if f"{where}.{names.get(key)}" not in modules:
+            raise ValueError(
+                f"could not find {hint} in {where!r} (looked for {', '.join(_CHILDREN[key])}): pass "
+                f"`children={{'{key}': '<name>'}}`"
+            )
+    if all(k in names for k in ("q", "k", "v")):
+        projections: dict = {k: f"{attention}.{names[k]}" for k in ("q", "k", "v")}
+    elif "qkv" in names:
+        projections = {"qkv": f"{attention}.{names['qkv']}", "qkv_order": _qkv_order(names["qkv"])}
+    else:
+        raise ValueError(
+            f"could not find the query/key/value projections of {attention!r} (looked for q_proj/k_proj/v_proj and "
+            f"the fused {', '.join(_CHILDREN['qkv'])}): pass `children={{'q': ..., 'k': ..., 'v': ...}}` or "
+            "`children={'qkv': ...}`"
+        )
+    mlp_norm = f"{prefix}.{names.get('mlp_norm')}"
+    model_type = getattr(config, "model_type", "")
+    return LayerLayout(
+        index=i,
+        module=prefix,
+        attention=AttentionLayout(module=attention, out_proj=f"{attention}.{names['out_proj']}", **projections),
+        mlp=f"{prefix}.{names['mlp']}",
+        attn_norm=f"{prefix}.{names['attn_norm']}" if "attn_norm" in names else None,
+        mlp_norm=mlp_norm if mlp_norm in modules else None,
+        parallel=bool(getattr(config, "use_parallel_residual", False)) or model_type in _PARALLEL_TYPES,
+        sandwich=f"{prefix}.post_feedforward_layernorm" in modules,
+    )
+
+
+def _qkv_order(name: str) -> QKVOrder:
+    """GPT-NeoX interleaves query, key and value per head; GPT-2's and Phi-3's fused projections are in blocks."""
+    return "per_head" if name == "query_key_value" else "blocks"
+
+
+def _final_norm(modules: dict[str, nn.Module], layer_list: str) -> str:
+    """The norm beside the layer list (``model.norm``, ``transformer.ln_f``, ...)."""
+    name = _child(modules, _base(layer_list), _FINAL_NORMS)
+    if name is None:
+        raise ValueError(
+            f"could not find the final norm beside {layer_list!r} (looked for {', '.join(_FINAL_NORMS)}): pass "
+            "`final_norm='<qualified name>'`"
+        )
+    return _qualified(_base(layer_list), name) or name
+
+
+def _qualified(parent: str, child: str | None) -> str | None:
+    """``parent.child`` (``child`` at the root when ``parent`` is empty), ``None`` for no child."""
+    if child is None:
+        return None
+    return f"{parent}.{child}" if parent else child
+
+
+def _unembed(modules: dict[str, nn.Module], model: nn.Module) -> str | None:
+    """The output embedding's name, or ``None`` for a model without one (a base model)."""
+    head = _call(model, "get_output_embeddings")
+    return _name_of(modules, head, "unembed", "the unembedding") if head is not None else None
+
+
+def _call(model: nn.Module, method: str) -> nn.Module | None:
+    """``model.<method>()`` where the model has it and it answers, else ``None``."""
+    get = getattr(model, method, None)
+    try:
+        return get() if callable(get) else None
+    except (NotImplementedError, AttributeError):
+        return None
+
+
+def _name_of(modules: dict[str, nn.Module], module: nn.Module | None, keyword: str, what: str) -> str:
+    """The qualified name of ``module`` inside the model."""
+    for name, m in modules.items():
+        if m is module and module is not None:
+            return name
+    raise ValueError(f"could not find {what} (the model has no get_{keyword}... method): pass `{keyword}='<name>'`")
+
+
+def _child(modules: dict[str, nn.Module], parent: str, spellings: tuple[str, ...]) -> str | None:
+    """The first of ``spellings`` that is a direct child of ``parent``."""
+    for spelling in spellings:
+        if (f"{parent}.{spelling}" if parent else spelling) in modules:
+            return spelling
+    return None
+
+
+def _base(layer_list: str) -> str:
+    """The module that holds the layer list (``model`` for ``model.layers``)."""
+    return layer_list.rpartition(".")[0]
+
+
+def _config_int(config: object, keys: tuple[str, ...], keyword: str | None) -> int | None:
+    """The first of ``keys`` that the config sets to an integer."""
+    for key in keys:
+        value = getattr(config, key, None)
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+    if keyword is None:
+        return None
+    raise ValueError(
+        f"could not read the number of heads from the model's config (looked for {keys}): pass `{keyword}`"
+    )
+
+
+def _embedding_dim(model: nn.Module) -> int:
+    """The width of the token embedding."""
+    embed = _call(model, "get_input_embeddings")
+    if isinstance(embed, nn.Embedding):
+        return embed.embedding_dim
+    raise ValueError("could not read the hidden size from the config or the input embedding")
+
+
+@dataclass(frozen=True)
+class NormAffine:
+    """A norm read as ``gain * centre(x) / scale(x) + shift`` (``centre`` subtracts the mean for LayerNorm)."""
+
+    gain: torch.Tensor
+    shift: torch.Tensor | None
+    eps: float
+    centred: bool
+
+    def scale(self, x: torch.Tensor) -> torch.Tensor:
+        """``sqrt(mean(centre(x)^2) + eps)`` over the last axis, kept as ``(..., 1)``."""
+        c = self.centre(x)
+        return (c.pow(2).mean(-1, keepdim=True) + self.eps).sqrt()
+
+    def centre(self, x: torch.Tensor) -> torch.Tensor:
+        """``x`` minus its mean over the last axis for LayerNorm; ``x`` itself for RMSNorm."""
+        return x - x.mean(-1, keepdim=True) if self.centred else x
+
+    def frozen(self, component: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+        """The norm's linear part applied to one component of the residual stream, at a frozen ``scale``."""
+        return self.gain * self.centre(component) / scale
+
+
+def norm_affine(norm: nn.Module, probe: torch.Tensor) -> NormAffine:
+    """Read ``norm`` as an affine map after a frozen scale, and check the reading on ``probe``.
+
+    LayerNorm and RMSNorm modules (HuggingFace's ``*RMSNorm``, with Gemma's ``1 + weight`` gain) are read from
+    their parameters; the reading must reproduce ``norm(probe)`` (to 1e-4 of its size in the probe's precision),
+    else the norm is not one we understand and a ``ValueError`` says so.
+
+    Args:
+        norm: the norm module.
+        probe: an input the norm sees, ``(..., hidden)``.
+
+    Returns:
+        The reading.
+
+    Raises:
+        ValueError: a norm of an unknown kind.
+    """
+    weight = getattr(norm, "weight", None)
+    bias = getattr(norm, "bias", None)
+    eps = getattr(norm, "eps", getattr(norm, "variance_epsilon", None))
+    hidden = probe.shape[-1]
+    ones = torch.ones(hidden, dtype=probe.dtype, device=probe.device)
+    gain = ones if weight is None else weight.detach().to(probe.dtype)
+    candidates = [NormAffine(gain, bias.detach().to(probe.dtype) if bias is not None else None, float(eps or 0), c)
+                  for c in (isinstance(norm, nn.LayerNorm), not isinstance(norm, nn.LayerNorm))]  # fmt: skip
+    if weight is not None and "gemma" in type(norm).__name__.lower():
+        candidates.insert(0, NormAffine(gain + 1, None, float(eps or 0), False))
+    with torch.no_grad():
+        expected = norm(probe).to(probe.dtype)
+        for reading in candidates:
+            got = reading.frozen(probe, reading.scale(probe)) + (0 if reading.shift is None else reading.shift)
+            if torch.allclose(got, expected, rtol=1e-4, atol=1e-4 * float(expected.abs().max().clamp_min(1e-12))):
+                return reading
+    raise ValueError(
+        f"the final norm {type(norm).__name__} is neither a LayerNorm nor an RMSNorm as far as its parameters tell "
+        "(weight, bias, eps): its scale cannot be frozen; pass the name of a LayerNorm/RMSNorm module"
+    )
