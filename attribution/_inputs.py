@@ -98,6 +98,7 @@ def batched(inputs: Any, model: nn.Module, *, images: bool) -> Batched:
     A 3-D tensor is an image when ``images`` says so (the CAMs), or when the model has an image stem of as many
     channels (timm ``patch_embed``, torchvision ``conv_proj``, a HuggingFace config with ``num_channels``).
     """
+    _refuse_integer_images(inputs if not isinstance(inputs, Mapping) else inputs.get("pixel_values"), images)
     if isinstance(inputs, Mapping):
         pixels = inputs.get("pixel_values")
         if isinstance(pixels, torch.Tensor) and pixels.dim() == 3:
@@ -109,6 +110,19 @@ def batched(inputs: Any, model: nn.Module, *, images: bool) -> Batched:
     if not isinstance(inputs, (torch.Tensor, tuple, list)):
         raise TypeError(f"`inputs` must be {_FORMS}; got {type(inputs).__name__}")
     return Batched(inputs, False)
+
+
+def _refuse_integer_images(x: Any, images: bool) -> None:
+    """Integer images (``torchvision.io.read_image`` gives uint8 ``(3, H, W)``) get an error saying how to convert."""
+    if not isinstance(x, torch.Tensor) or x.is_floating_point() or x.dim() not in (3, 4):
+        return
+    channels = x.shape[0] if x.dim() == 3 else x.shape[1]
+    if images or (x.dtype == torch.uint8 and channels in (1, 3, 4)):
+        raise TypeError(
+            f"`inputs` are {x.dtype} images of shape {tuple(x.shape)}: the model needs floating-point images. "
+            "Convert with `images.float() / 255` (then normalise them as the model was trained, e.g. "
+            "torchvision.transforms.Normalize(mean, std))"
+        )
 
 
 def _takes_images(model: nn.Module, x: torch.Tensor) -> bool:

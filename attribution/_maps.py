@@ -13,11 +13,12 @@ import torch.nn.functional as F
 
 
 def minmax(maps: torch.Tensor) -> torch.Tensor:
-    """Scale each map of ``(batch, ...)`` to [0, 1]; a constant map becomes all zeros."""
+    """Scale each map of ``(batch, ...)`` to [0, 1]; a constant map becomes all zeros, a map with NaN all NaN."""
     flat = maps.flatten(1)
     low = flat.min(dim=1).values.view(-1, *[1] * (maps.dim() - 1))
     span = flat.max(dim=1).values.view_as(low) - low
-    return torch.where(span > 0, (maps - low) / torch.where(span > 0, span, 1), torch.zeros_like(maps))
+    scaled = torch.where(span > 0, (maps - low) / torch.where(span > 0, span, 1), torch.zeros_like(maps))
+    return torch.where(span.isnan(), span, scaled)
 
 
 def upsample(maps: torch.Tensor, size: tuple[int, ...]) -> torch.Tensor:
@@ -35,8 +36,9 @@ def to_grid(
     """Bring a layer output to ``(batch, channels, h, w)``.
 
     4-D tensors are taken as they are. Token tensors ``(batch, tokens, channels)`` become a square grid: the first
-    ``prefix_tokens`` tokens (class, distillation, register tokens) are dropped; when that number is not known, 0
-    or 1 is used, whichever leaves a square number of tokens. ``pattern`` (an einops pattern such as
+    ``prefix_tokens`` tokens (class, distillation, register tokens) are dropped, unless only the whole token count is
+    square (CaiT's blocks run before its class token joins); when that number is not known, 0 or 1 is used,
+    whichever leaves a square number of tokens. ``pattern`` (an einops pattern such as
     ``"b h w c -> b c h w"``, or a callable) overrides all of this.
 
     Raises:
@@ -56,7 +58,7 @@ def to_grid(
         return x
     if x.dim() == 3:
         tokens = x.shape[1]
-        for prefix in [prefix_tokens] if prefix_tokens is not None else [0, 1]:
+        for prefix in [prefix_tokens, 0] if prefix_tokens is not None else [0, 1]:  # CaiT's blocks: no class token
             side = math.isqrt(tokens - prefix)
             if side * side == tokens - prefix and side > 0:
                 return einops.rearrange(x[:, prefix:], "b (h w) c -> b c h w", h=side)

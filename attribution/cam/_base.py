@@ -13,11 +13,14 @@ from torch import nn
 from hooks import resolve
 
 from .. import _maps
+from .._diagnose import ZERO_HEAD, items, output_ignores_input
 from .._inputs import batch_size, batched, device_of, image_size
 from .._run import HookedRun, SiteTypeError, describe, did_not_run, eager_module, no_dependence, warn
 from ..targets import Target, check_target, target_scores
+from . import _math as cm
 
 Reshape = str | Callable[[torch.Tensor], torch.Tensor] | None
+_DEGENERATE = 1e-3  # a map below this fraction of its largest weight x activation term shows only rounding
 
 
 class CAM:
@@ -166,37 +169,77 @@ class CAM:
         return grid
 
     def _raw_maps(self, inputs: Any, target: Target, size: tuple[int, int] | None) -> dict[str, torch.Tensor]:
-        captured, _ = self._run(inputs, target, with_grad=True)
+        captured, output = self._run(inputs, target, with_grad=True)
         maps = {}
         for name, (acts, grads) in captured.items():
             grid_acts = precise(self._grid(acts, name, size))
             grid_grads = precise(self._grid(grads, name, size, check=False))
-            self._check_gradients(name, acts, grid_grads)
-            maps[name] = self._map(grid_acts, grid_grads)
+            bad = _nonfinite_items(output, grid_acts, grid_grads)
+            zero = [i for i in self._check_gradients(name, grads, grid_grads) if i not in bad]
+            weights = self._weights(grid_acts, grid_grads)
+            maps[name] = cm.combine(weights, grid_acts)
+            self._check_degenerate(name, maps[name], cm.term_scale(weights, grid_acts), zero + bad)
+            if bad:
+                maps[name][bad] = float("nan")
+                warn(
+                    f"the output, activations or gradients at `layer` {name!r} hold NaN or inf for {items(bad)}: "
+                    "their maps are NaN. Check those inputs (torch.isfinite(images).all()) and the model's "
+                    "numerics (half-precision overflow)"
+                )
         return maps
 
-    def _check_gradients(self, name: str, acts: torch.Tensor, grads: torch.Tensor) -> None:
-        """Warn about items whose gradient at the layer is all zero: their maps are all zero, whatever the method."""
-        zero = (grads.flatten(1).abs().amax(1) == 0).nonzero().flatten().tolist()
+    def _check_gradients(self, name: str, grads: torch.Tensor, grid: torch.Tensor) -> list[int]:
+        """Warn about items whose gradient at the layer's grid is all zero (their maps are); return those items."""
+        zero = (grid.flatten(1).abs().amax(1) == 0).nonzero().flatten().tolist()
         if not zero:
-            return
-        items = f"item {zero[0]}" if len(zero) == 1 else f"items {zero[:8]}" + ("..." if len(zero) > 8 else "")
-        message = f"the gradient of the target score at `layer` {name!r} is zero for {items}: the map is all zeros. "
-        if acts.dim() == 3:
-            earlier = _earlier_layers(self.model, name)
+            return []
+        message = (
+            f"the gradient of the target score at `layer` {name!r} is zero for {items(zero)}: the map is all zeros. "
+        )
+        everywhere = grads.flatten(1)[zero].abs().amax(1) == 0
+        if grads.dim() == 3 and not bool(everywhere.all()):
+            suggested = _suggest_layers(self.model, name, before_mixing=True)
             message += (
                 "This is a token layer after the last token mixing: the head reads only the class token, so the "
                 "patch tokens get no gradient. Name a layer before the last token mixing (attention)"
-                + (", e.g. " + " or ".join(repr(n) for n in earlier) if earlier else "")
+                + (", e.g. " + " or ".join(repr(n) for n in suggested) if suggested else "")
             )
+        elif output_ignores_input(self.model):
+            message += ZERO_HEAD
         else:
             message += (
                 "The score does not use this layer's output for them (a branch the output ignores, a target that "
                 "matched nothing, a ReLU that cut everything): choose a layer on the path to the score"
             )
         warn(message)
+        return zero
 
-    def _map(self, acts: torch.Tensor, grads: torch.Tensor) -> torch.Tensor:
+    def _check_degenerate(self, name: str, maps: torch.Tensor, scale: torch.Tensor, skip: list[int]) -> None:
+        """Warn about items whose map is all zero or tiny next to its largest term (cancellation), once per cause."""
+        peak = maps.flatten(1).amax(1)
+        tiny = [i for i in range(len(peak)) if i not in skip and bool(peak[i] < _DEGENERATE * scale[i])]
+        zero = [i for i in tiny if peak[i] == 0]
+        cancelled = [i for i in tiny if peak[i] != 0]
+        suggested = _suggest_layers(self.model, name, before_mixing=False)
+        fix = ("Choose " + " or ".join(repr(n) for n in suggested)) if suggested else "Choose another layer"
+        method = type(self).__name__
+        if zero:
+            warn(
+                f"the {method} map at `layer` {name!r} is all zero for {items(zero)}: every position's weighted sum "
+                "is negative, so ReLU leaves nothing; at this layer the evidence is against the target. "
+                f"{fix}, or check the target"
+            )
+        if cancelled:
+            warn(
+                f"the {method} map at `layer` {name!r} is degenerate for {items(cancelled)}: "
+                f"{float(peak[cancelled].max()):.1e} at most, below {_DEGENERATE:g} of its largest weight x "
+                f"activation term ({float(scale[cancelled].max()):.1e}), so it shows rounding, not evidence: the "
+                "terms cancel (a block output that feeds a LayerNorm: the norm removes the gradient's component "
+                f"along the activation). {fix}"
+            )
+
+    def _weights(self, acts: torch.Tensor, grads: torch.Tensor) -> torch.Tensor:
+        """The method's weights of the activations: per channel ``(b, k, 1, 1)`` or per position ``(b, k, h, w)``."""
         raise NotImplementedError
 
     def __repr__(self) -> str:
@@ -222,14 +265,49 @@ def _looks_channels_last(shape: tuple[int, ...], size: tuple[int, int] | None) -
     return fits(d1, d2) and not fits(d2, d3)
 
 
-def _earlier_layers(model: nn.Module, name: str) -> list[str]:
-    """Layers before the last token mixing of a block ``name``: the previous block and the block's first norm."""
-    found = []
-    numbered = re.fullmatch(r"(.*?)(\d+)", name)
-    if numbered and int(numbered[2]) > 0:
-        found.append(f"{numbered[1]}{int(numbered[2]) - 1}")
-    module = model.get_submodule(name)
-    norms = [child for child, _ in module.named_children() if "norm" in child.lower()]
-    if norms:
-        found.append(f"{name}.{norms[0]}")
-    return found
+def _nonfinite_items(output: Any, *tensors: torch.Tensor) -> list[int]:
+    """The batch items whose logits, activations or gradients hold NaN or inf."""
+    logits = output if isinstance(output, torch.Tensor) else getattr(output, "logits", None)
+    batch = tensors[0].shape[0]
+    checked = [t for t in (logits, *tensors) if isinstance(t, torch.Tensor) and t.dim() > 0 and t.shape[0] == batch]
+    bad = torch.zeros(batch, dtype=torch.bool)
+    for t in checked:
+        if t.is_floating_point():
+            bad |= (~torch.isfinite(t.detach())).flatten(1).any(1).cpu()
+    return bad.nonzero().flatten().tolist()
+
+
+def _suggest_layers(model: nn.Module, name: str, *, before_mixing: bool) -> list[str]:
+    """Existing layers that give a meaningful map instead of ``name``: a transformer block's first norm and MLP.
+
+    The block is ``name`` or its nearest ancestor with an attention child: its first norm (the block's input, before
+    its token mixing) and its MLP. With ``before_mixing`` (``name`` is after the last token mixing): the last
+    block's first norm and the MLP of the block before it.
+    """
+    modules = dict(model.named_modules())
+    blocks = [n for n, m in modules.items() if any(_is_attention(c) for c, _ in m.named_children())]
+    ancestors = [n for n in blocks if name == n or name.startswith(f"{n}.")]
+    if before_mixing and blocks:
+        found = [
+            _child_like(modules, blocks[-1], "norm"),
+            _child_like(modules, blocks[-2], "mlp") if len(blocks) > 1 else None,
+        ]
+    elif ancestors:
+        found = [_child_like(modules, ancestors[-1], "norm"), _child_like(modules, ancestors[-1], "mlp")]
+    else:
+        return []
+    return [n for n in found if n is not None and n != name]
+
+
+def _is_attention(child: str) -> bool:
+    """A child name that is a block's attention (``attn``, ``self_attn``, ``attention``, ``self_attention``)."""
+    return re.fullmatch(r"(self_?)?(attn|attention)\d*", child.lower()) is not None
+
+
+def _child_like(modules: dict[str, nn.Module], block: str, kind: str) -> str | None:
+    """The block's first child whose name says it is a ``norm`` (or ``ln_*``) or an ``mlp``."""
+    for child, _ in modules[block].named_children():
+        low = child.lower()
+        if kind in low or (kind == "norm" and low.startswith("ln")):
+            return f"{block}.{child}"
+    return None

@@ -9,36 +9,43 @@ import torch.nn.functional as F
 _EPS = 1e-12
 
 
-def gradcam(acts: torch.Tensor, grads: torch.Tensor) -> torch.Tensor:
-    """Grad-CAM: ``ReLU(sum_k mean_ij(dS/dA_kij) * A_k)``."""
-    weights = grads.mean(dim=(2, 3), keepdim=True)
-    return F.relu((weights * acts).sum(dim=1))
+def gradcam_weights(acts: torch.Tensor, grads: torch.Tensor) -> torch.Tensor:
+    """Grad-CAM's channel weights ``mean_ij dS/dA_kij``, ``(batch, channels, 1, 1)``."""
+    return grads.mean(dim=(2, 3), keepdim=True)
 
 
-def gradcam_plus_plus(acts: torch.Tensor, grads: torch.Tensor) -> torch.Tensor:
+def gradcam_plus_plus_weights(acts: torch.Tensor, grads: torch.Tensor) -> torch.Tensor:
     """Grad-CAM++: ``w_k = sum_ij a_kij ReLU(g_kij)``, ``a = g^2 / (2 g^2 + sum_ab A_kab g^3)`` (0 where 0/0)."""
     g2 = grads.pow(2)
     denominator = 2 * g2 + acts.sum(dim=(2, 3), keepdim=True) * grads.pow(3)
     alpha = torch.where(denominator != 0, g2 / torch.where(denominator != 0, denominator, 1), 0)
-    weights = (alpha * F.relu(grads)).sum(dim=(2, 3), keepdim=True)
-    return F.relu((weights * acts).sum(dim=1))
+    return (alpha * F.relu(grads)).sum(dim=(2, 3), keepdim=True)
 
 
-def xgradcam(acts: torch.Tensor, grads: torch.Tensor) -> torch.Tensor:
+def xgradcam_weights(acts: torch.Tensor, grads: torch.Tensor) -> torch.Tensor:
     """XGrad-CAM: ``w_k = sum_ij (A_kij / sum_ab A_kab) g_kij``."""
     total = acts.sum(dim=(2, 3), keepdim=True)
-    weights = (acts * grads).sum(dim=(2, 3), keepdim=True) / (total + _EPS)
+    return (acts * grads).sum(dim=(2, 3), keepdim=True) / (total + _EPS)
+
+
+def hirescam_weights(acts: torch.Tensor, grads: torch.Tensor) -> torch.Tensor:
+    """HiRes-CAM: the gradient itself, kept per position (no spatial averaging)."""
+    return grads
+
+
+def layercam_weights(acts: torch.Tensor, grads: torch.Tensor) -> torch.Tensor:
+    """LayerCAM: the positive part of the gradient, per position."""
+    return F.relu(grads)
+
+
+def combine(weights: torch.Tensor, acts: torch.Tensor) -> torch.Tensor:
+    """``ReLU(sum_k w_k * A_k)`` for weights per channel ``(b, k, 1, 1)`` or per position ``(b, k, h, w)``."""
     return F.relu((weights * acts).sum(dim=1))
 
 
-def hirescam(acts: torch.Tensor, grads: torch.Tensor) -> torch.Tensor:
-    """HiRes-CAM: ``ReLU(sum_k g_k * A_k)``, the gradient kept per position (no spatial averaging)."""
-    return F.relu((grads * acts).sum(dim=1))
-
-
-def layercam(acts: torch.Tensor, grads: torch.Tensor) -> torch.Tensor:
-    """LayerCAM: ``ReLU(sum_k ReLU(g_k) * A_k)``."""
-    return F.relu((F.relu(grads) * acts).sum(dim=1))
+def term_scale(weights: torch.Tensor, acts: torch.Tensor) -> torch.Tensor:
+    """Per item, the largest per-position sum of ``|w_k * A_k|``: how large the map could be without cancellation."""
+    return (weights * acts).abs().sum(dim=1).flatten(1).amax(dim=1)
 
 
 def eigencam(acts: torch.Tensor) -> torch.Tensor:

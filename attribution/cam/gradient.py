@@ -29,8 +29,8 @@ class GradCAM(CAM):
         torch.Size([2, 64, 64])
     """
 
-    def _map(self, acts: torch.Tensor, grads: torch.Tensor) -> torch.Tensor:
-        return cm.gradcam(acts, grads)
+    def _weights(self, acts: torch.Tensor, grads: torch.Tensor) -> torch.Tensor:
+        return cm.gradcam_weights(acts, grads)
 
 
 class GradCAMPlusPlus(CAM):
@@ -42,8 +42,8 @@ class GradCAMPlusPlus(CAM):
     :class:`GradCAM`.
     """
 
-    def _map(self, acts: torch.Tensor, grads: torch.Tensor) -> torch.Tensor:
-        return cm.gradcam_plus_plus(acts, grads)
+    def _weights(self, acts: torch.Tensor, grads: torch.Tensor) -> torch.Tensor:
+        return cm.gradcam_plus_plus_weights(acts, grads)
 
 
 class XGradCAM(CAM):
@@ -53,8 +53,8 @@ class XGradCAM(CAM):
     :class:`GradCAM`.
     """
 
-    def _map(self, acts: torch.Tensor, grads: torch.Tensor) -> torch.Tensor:
-        return cm.xgradcam(acts, grads)
+    def _weights(self, acts: torch.Tensor, grads: torch.Tensor) -> torch.Tensor:
+        return cm.xgradcam_weights(acts, grads)
 
 
 class HiResCAM(CAM):
@@ -64,8 +64,8 @@ class HiResCAM(CAM):
     what the score actually used. Same arguments as :class:`GradCAM`.
     """
 
-    def _map(self, acts: torch.Tensor, grads: torch.Tensor) -> torch.Tensor:
-        return cm.hirescam(acts, grads)
+    def _weights(self, acts: torch.Tensor, grads: torch.Tensor) -> torch.Tensor:
+        return cm.hirescam_weights(acts, grads)
 
 
 class LayerCAM(CAM):
@@ -77,8 +77,8 @@ class LayerCAM(CAM):
     Same arguments as :class:`GradCAM`.
     """
 
-    def _map(self, acts: torch.Tensor, grads: torch.Tensor) -> torch.Tensor:
-        return cm.layercam(acts, grads)
+    def _weights(self, acts: torch.Tensor, grads: torch.Tensor) -> torch.Tensor:
+        return cm.layercam_weights(acts, grads)
 
     def _fuse(self, maps: list[torch.Tensor]) -> torch.Tensor:
         """The paper's fusion: each map scaled by ``tanh(2 M / max M)``, then the elementwise maximum."""

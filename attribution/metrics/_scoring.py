@@ -146,7 +146,14 @@ class Scorer:
         output = call(self.model, self.images.inputs)
         if not callable(self.target):
             self.classes = class_indices(class_logits(output), self.target, len(self.images))
-        return self._read(output, torch.arange(len(self.images)))
+        scores = self._read(output, torch.arange(len(self.images)))
+        bad = (~torch.isfinite(scores.detach())).nonzero().flatten().tolist()
+        if bad:
+            warn(
+                f"the unperturbed images of item(s) {bad} score NaN or inf (a NaN/inf pixel, or the model's "
+                "numerics): their curves are NaN and say nothing about the map. Check torch.isfinite(images)"
+            )
+        return scores
 
     def _read(self, output: Any, items: torch.Tensor) -> torch.Tensor:
         if callable(self.target):

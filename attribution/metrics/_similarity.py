@@ -38,7 +38,13 @@ def spearman(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     ra, rb = average_ranks(a.flatten(1).double()), average_ranks(b.flatten(1).double())
     ra = ra - ra.mean(dim=1, keepdim=True)
     rb = rb - rb.mean(dim=1, keepdim=True)
-    return (ra * rb).sum(dim=1) / (ra.norm(dim=1) * rb.norm(dim=1))
+    rho = (ra * rb).sum(dim=1) / (ra.norm(dim=1) * rb.norm(dim=1))
+    return torch.where(unfinite_items(a) | unfinite_items(b), torch.nan, rho)
+
+
+def unfinite_items(maps: torch.Tensor) -> torch.Tensor:
+    """``(B,)``: whether each map holds a NaN or an infinity (it has no ranks: its correlations are NaN)."""
+    return (~torch.isfinite(maps.flatten(1))).any(dim=1)
 
 
 def ssim(a: torch.Tensor, b: torch.Tensor, *, data_range: float = 1.0) -> torch.Tensor:

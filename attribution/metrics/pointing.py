@@ -71,7 +71,7 @@ def pointing_game(maps: torch.Tensor, regions: Any, *, tolerance: float = 15) ->
     mask = _region_masks(regions, maps.shape).to(maps.device)
     h, w = maps.shape[-2:]
     flat = maps.detach().float().flatten(1)
-    peak_index = flat.argmax(dim=1)
+    peak_index = flat.nan_to_num(nan=-torch.inf).argmax(dim=1)
     peak = torch.stack([peak_index // w, peak_index % w], dim=1)
     rows = torch.arange(h, device=maps.device)[None, :, None] - peak[:, 0, None, None]
     cols = torch.arange(w, device=maps.device)[None, None, :] - peak[:, 1, None, None]
@@ -81,7 +81,14 @@ def pointing_game(maps: torch.Tensor, regions: Any, *, tolerance: float = 15) ->
     positive = flat.clamp(min=0)
     total = positive.sum(dim=1)
     energy = (positive * mask.flatten(1)).sum(dim=1) / total
-    constant = constant_items(flat)
+    unfinite = (~torch.isfinite(flat)).any(dim=1)
+    if unfinite.any():
+        hit[unfinite], energy[unfinite] = False, float("nan")
+        warn(
+            f"the map of item(s) {unfinite.nonzero().flatten().tolist()} holds NaN or inf: it has no peak, so it "
+            "counts as a miss and its energy is NaN"
+        )
+    constant = [i for i in constant_items(flat) if not unfinite[i]]
     if constant:
         hit[constant] = False
         warn(

@@ -16,7 +16,7 @@ from .._inputs import batched
 from .._progress import progress as progress_bar
 from .._run import warn
 from ._scoring import Target, top_classes
-from ._similarity import constant_items, spearman, ssim
+from ._similarity import constant_items, spearman, ssim, unfinite_items
 
 Method = Callable[[nn.Module, Any, Target], torch.Tensor]
 MODES = ("cascading", "independent")
@@ -202,13 +202,20 @@ def _compare(original: torch.Tensor, maps: torch.Tensor, stages: Sequence[str]) 
             f"the maps are {tuple(original.shape[-2:])}, smaller than SSIM's 11x11 window: SSIM is NaN (return "
             "upsampled maps from `method`)",
         )
+    unfinite = sorted({i for m in (original, *maps) for i in unfinite_items(m).nonzero().flatten().tolist()})
+    if unfinite:
+        warn(
+            f"the maps of item(s) {unfinite} hold NaN or inf (at the original or some stage): their Spearman "
+            "correlations are NaN, not a verdict. Check the inputs and the method's output for those items"
+        )
+    finite = [i for i in range(rho.shape[1]) if i not in unfinite]
     constant = constant_items(original)
     if constant:
         warn(
             f"the original map of item(s) {constant} is constant (e.g. all zero): its Spearman correlations are NaN",
         )
-    elif rho.isnan().any():
-        where = [stages[s] for s in range(len(maps)) if rho[s].isnan().any()]
+    elif rho[:, finite].isnan().any():
+        where = [stages[s] for s in range(len(maps)) if rho[s, finite].isnan().any()]
         warn(
             f"some maps are constant (e.g. all zero) at stage(s) {where}: their Spearman correlation is NaN",
         )

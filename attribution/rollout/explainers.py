@@ -10,14 +10,15 @@ import einops
 import torch
 from torch import nn
 
-from hooks import ModuleTarget
+from hooks import ModuleTarget, in_backward
 
 from .. import _maps
+from .._diagnose import ZERO_HEAD, items, output_ignores_input
 from .._inputs import batch_size, batched
-from .._run import HookedRun, SiteValueError, eager_module, no_dependence
+from .._run import HookedRun, SiteValueError, eager_module, no_dependence, warn
 from ..targets import Target, check_target, target_scores
 from ._math import Fusion, attention_rollout, check_options, gradient_rollout
-from ._sites import MHA_ARGUMENTS, attention_visible, check_self_attention, find_attention, probabilities
+from ._sites import MHA_ARGUMENTS, attention_visible, check_global, check_self_attention, find_attention, probabilities
 
 
 class _Rollout:
@@ -44,6 +45,7 @@ class _Rollout:
         maps: list[torch.Tensor] = []
         graph: list[torch.Tensor] = []
         asked: list[tuple[bool, bool]] = []  # what each nn.MultiheadAttention call asked for: need, average
+        taken: list[str] = []  # the site of each map
 
         def before_mha(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
             kwargs = {**dict(zip(MHA_ARGUMENTS[3:], args[3:], strict=False)), **kwargs}  # positional options too
@@ -56,11 +58,14 @@ class _Rollout:
             return run.leaf(args), run.leaf(kwargs)  # the backbone before the first attention keeps no graph
 
         def after(module: nn.Module, args: tuple[Any, ...], output: Any, *, name: str) -> Any:
+            if in_backward():  # gradient checkpointing recomputes the forward: the maps were taken the first time
+                return None
             site = next(s for s in self.sites if s.name == name)
             if site.kind == "mha":
                 weights = output[1]
                 need, average = asked.pop()
                 check_self_attention(weights, name)
+                taken.append(name)
                 maps.append(weights.detach())
                 graph.append(weights._base if weights._base is not None else weights)
                 shown = (weights.mean(dim=1) if average else weights) if need else None
@@ -72,6 +77,7 @@ class _Rollout:
                     "probabilities (batch, heads, tokens, tokens) were expected"
                 )
             check_self_attention(probs, name)
+            taken.append(name)
             maps.append(probs.detach())
             graph.append(probs)
             return None
@@ -90,6 +96,7 @@ class _Rollout:
                     f"no attention map appeared in the forward ({len(self.sites)} attention module(s) were found but "
                     "none ran); pass layers= naming the modules whose output is the attention probabilities"
                 )
+            check_global(self.model, maps, taken, batch_size(inputs))
             if not with_grad:
                 return maps, [], output
             scores = target_scores(output, target, batch_size(inputs))
@@ -219,4 +226,15 @@ class GradientRollout(_Rollout):
         """Relevance of each input token for ``target``; inputs and shapes as :meth:`AttentionRollout.__call__`."""
         given = batched(inputs, self.model, images=False)
         relevance = self._relevance(self._compute(given.inputs, target, 0), given.inputs, upsample)
+        zero = (relevance.flatten(1).abs().amax(1) == 0).nonzero().flatten().tolist()
+        if zero:
+            warn(
+                f"the gradient rollout is all zero for {items(zero)}: no attention map's gradient x attention has a "
+                "positive entry. "
+                + (
+                    ZERO_HEAD
+                    if output_ignores_input(self.model)
+                    else "Check that the target's score depends on the input"
+                )
+            )
         return relevance[0] if given.single else relevance

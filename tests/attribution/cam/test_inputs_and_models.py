@@ -49,13 +49,13 @@ def test_vit_layer_after_the_last_token_mixing_warns_and_names_earlier_layers():
     torch.manual_seed(0)
     vit = timm.create_model("vit_tiny_patch16_224", pretrained=False, num_classes=4, depth=3, img_size=64).eval()
     x = torch.randn(2, 3, 64, 64)
-    with pytest.warns(UserWarning, match=r"zero for items \[0, 1\].*e.g. 'blocks.1' or 'blocks.2.norm1'") as seen:
+    with pytest.warns(UserWarning, match=r"zero for items \[0, 1\].*e.g. 'blocks.2.norm1' or 'blocks.1.mlp'") as seen:
         maps = GradCAM(vit, "blocks.2")(x, 1)
     assert seen[0].filename == __file__  # attributed to the caller's line
     assert torch.equal(maps, torch.zeros_like(maps))
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        for layer in ("blocks.1", "blocks.2.norm1"):
+        for layer in ("blocks.2.norm1", "blocks.1.mlp"):
             assert GradCAM(vit, layer)(x, 1).amax() > 0
 
 
