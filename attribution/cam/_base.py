@@ -280,22 +280,19 @@ def _nonfinite_items(output: Any, *tensors: torch.Tensor) -> list[int]:
 def _suggest_layers(model: nn.Module, name: str, *, before_mixing: bool) -> list[str]:
     """Existing layers that give a meaningful map instead of ``name``: a transformer block's first norm and MLP.
 
-    The block is ``name`` or its nearest ancestor with an attention child: its first norm (the block's input, before
-    its token mixing) and its MLP. With ``before_mixing`` (``name`` is after the last token mixing): the last
-    block's first norm and the MLP of the block before it.
+    The block is ``name`` or its nearest ancestor with an attention child (the last block when ``name`` is after
+    the last token mixing): its first norm (the block's input, before its token mixing) and its MLP, or the
+    previous block's MLP for the last block, whose own MLP comes after the last mixing.
     """
     modules = dict(model.named_modules())
     blocks = [n for n, m in modules.items() if any(_is_attention(c) for c, _ in m.named_children())]
     ancestors = [n for n in blocks if name == n or name.startswith(f"{n}.")]
-    if before_mixing and blocks:
-        found = [
-            _child_like(modules, blocks[-1], "norm"),
-            _child_like(modules, blocks[-2], "mlp") if len(blocks) > 1 else None,
-        ]
-    elif ancestors:
-        found = [_child_like(modules, ancestors[-1], "norm"), _child_like(modules, ancestors[-1], "mlp")]
-    else:
+    if not ancestors and not (before_mixing and blocks):
         return []
+    block = blocks[-1] if before_mixing else ancestors[-1]
+    # the last block's MLP runs after the last token mixing: its patch tokens get no gradient
+    mlp_block: str | None = block if block != blocks[-1] else (blocks[-2] if len(blocks) > 1 else None)
+    found = [_child_like(modules, block, "norm"), _child_like(modules, mlp_block, "mlp") if mlp_block else None]
     return [n for n in found if n is not None and n != name]
 
 
