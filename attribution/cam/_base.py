@@ -169,8 +169,8 @@ class CAM:
         captured, _ = self._run(inputs, target, with_grad=True)
         maps = {}
         for name, (acts, grads) in captured.items():
-            grid_acts = precise(self._grid(acts, name, size))
-            grid_grads = precise(self._grid(grads, name, size, check=False))
+            grid_acts = _maps.at_least_float32(self._grid(acts, name, size))
+            grid_grads = _maps.at_least_float32(self._grid(grads, name, size, check=False))
             self._check_gradients(name, acts, grid_grads)
             maps[name] = self._map(grid_acts, grid_grads)
         return maps
@@ -201,11 +201,6 @@ class CAM:
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({type(self.model).__name__}, layers={self.layers})"
-
-
-def precise(x: torch.Tensor) -> torch.Tensor:
-    """Maps are computed in float64 for a float64 model, else in float32 (half and bfloat16 upcast)."""
-    return x if x.dtype == torch.float64 else x.float()
 
 
 def _looks_channels_last(shape: tuple[int, ...], size: tuple[int, int] | None) -> bool:
