@@ -91,10 +91,9 @@ def attribution_patching(
             first keyword argument).
         element: for tuple, mapping or ``ModelOutput`` sites, the tensor that is the site (an index or a name); for
             ``site="input"``, the argument (a position or a parameter name such as ``"hidden_states"``).
-        positions: ``True``: one cell per position (axis 1 of the activation); a sequence: those positions;
-            ``False``: all positions at once.
-        heads: number of heads: one cell per head, the activation viewed through ``head_pattern``.
-        head_pattern: einops pattern splitting the last axis into heads, with ``h`` the head axis.
+        positions: the cells per position, as for :func:`attribution.activation_patching`.
+        heads: the cells per head, as for :func:`attribution.activation_patching`.
+        head_pattern: the heads' view of the activation, as for :func:`attribution.activation_patching`.
         per_example: keep one value per batch item (a trailing batch axis). The per-item gradients come from one
             backward pass of the summed metric, so batch items must not interact in the model.
         normalize: return ``(estimate - m_target) / (m_source - m_target)``: 0 is the unpatched run of the input

@@ -88,9 +88,9 @@ def path_patching(
         site: ``"output"`` or ``"input"`` (the first argument as called) of the senders and frozen modules.
         element: for tuple, mapping or ``ModelOutput`` sites, the tensor that is the site (an index or a name); for
             ``site="input"``, the argument (a position or a parameter name).
-        positions: ``True``: one cell per sender position; a sequence: those positions; ``False``: all at once.
-        heads: number of sender heads: one cell per head, the activation viewed through ``head_pattern``.
-        head_pattern: einops pattern splitting the last axis into heads, with ``h`` the head axis.
+        positions: the sender cells per position, as for :func:`attribution.activation_patching`.
+        heads: the sender cells per head, as for :func:`attribution.activation_patching`.
+        head_pattern: the heads' view of the activation, as for :func:`attribution.activation_patching`.
         receiver_site: ``"input"`` (default) or ``"output"`` of the receivers.
         receiver_element: ``element`` for the receivers' site.
         receiver_positions: positions (axis 1) of the receivers' activations to patch; ``None``: all.
