@@ -369,3 +369,42 @@ def norm_affine(norm: nn.Module, probe: torch.Tensor) -> NormAffine:
         f"the final norm {type(norm).__name__} is neither a LayerNorm nor an RMSNorm as far as its parameters tell "
         "(weight, bias, eps): its scale cannot be frozen; pass the name of a LayerNorm/RMSNorm module"
     )
+
+
+def heads_at(layout: LMLayout, name: str, site: str) -> tuple[int, str] | None:
+    """How many heads the activation at ``site`` (``"output"`` or ``"input"``) of module ``name`` holds, and why.
+
+    Known for an attention's projections: query outputs and the output projection's input hold the query heads;
+    key and value outputs hold the key/value heads (fewer under grouped-query attention). ``None`` elsewhere.
+    """
+    for layer in layout.layers:
+        attention = layer.attention
+        query = f"{layout.n_heads} query heads (config.num_attention_heads)"
+        kv = f"{layout.n_kv_heads} key/value heads (config.num_key_value_heads)"
+        if (name, site) in ((attention.q, "output"), (attention.out_proj, "input")):
+            return layout.n_heads, query
+        if site == "output" and name in (attention.k, attention.v):
+            return layout.n_kv_heads, kv
+    return None
+
+
+def check_heads(model: nn.Module, names: list[str], heads: int, site: str) -> None:
+    """Refuse a ``heads`` count that does not match an LM's attention projection (silently wrong slices on GQA).
+
+    Models that :func:`lm_layout` cannot read are not checked (``heads`` must then only divide the activation).
+
+    Raises:
+        ValueError: naming the module, the number given and the number its activation holds.
+    """
+    try:
+        layout = lm_layout(model)
+    except ValueError:
+        return
+    for name in names:
+        known = heads_at(layout, name, site)
+        if known is not None and known[0] != heads:
+            raise ValueError(
+                f"`heads`={heads} does not match the {site} of {name!r}, which holds {known[1]}; the model has "
+                f"{layout.n_heads} query heads and {layout.n_kv_heads} key/value heads. Pass heads={known[0]} "
+                "(query heads for q_proj and the output projection's input, key/value heads for k_proj and v_proj)"
+            )

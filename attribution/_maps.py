@@ -1,4 +1,4 @@
-"""Map arithmetic shared by the families and the plots: scaling, resizing, token grids, images as arrays."""
+"""Tensor arithmetic shared by the families and the plots: precision, scaling, resizing, token grids, images."""
 
 from __future__ import annotations
 
@@ -10,6 +10,16 @@ import einops
 import numpy as np
 import torch
 import torch.nn.functional as F
+
+
+def at_least_float32(x: torch.Tensor) -> torch.Tensor:
+    """``x`` in float32 at least: half, bfloat16 and integers become float32, float64 stays float64.
+
+    Example:
+        >>> at_least_float32(torch.ones(2, dtype=torch.half)).dtype, at_least_float32(torch.ones(2).double()).dtype
+        (torch.float32, torch.float64)
+    """
+    return x.to(torch.promote_types(x.dtype, torch.float32))
 
 
 def minmax(maps: torch.Tensor) -> torch.Tensor:

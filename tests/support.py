@@ -1,9 +1,12 @@
-"""What tests import: the data folder, a tiny CNN and a snapshot of every hook dict (fixtures are in conftest.py)."""
+"""What tests import: the data folder, a tiny CNN, a snapshot of every hook dict, figures as pixels."""
 
 from __future__ import annotations
 
+import io
 from pathlib import Path
 
+import matplotlib.image
+import numpy as np
 import torch
 from torch import nn
 
@@ -41,3 +44,14 @@ def hook_state(model: nn.Module) -> dict[str, tuple]:
         public = tuple(sorted(k for k in module.__dict__ if not k.startswith("_") or k == "__getstate__"))
         state[name] = (*(tuple(getattr(module, a).items()) for a in attrs), public)
     return state
+
+
+def render(fig) -> np.ndarray:
+    """The figure as an RGB array, through a real PNG (the figure is closed)."""
+    import matplotlib.pyplot as plt
+
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png", dpi=50)
+    plt.close(fig)
+    buffer.seek(0)
+    return matplotlib.image.imread(buffer)[..., :3]

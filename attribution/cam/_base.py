@@ -172,8 +172,8 @@ class CAM:
         captured, output = self._run(inputs, target, with_grad=True)
         maps = {}
         for name, (acts, grads) in captured.items():
-            grid_acts = precise(self._grid(acts, name, size))
-            grid_grads = precise(self._grid(grads, name, size, check=False))
+            grid_acts = _maps.at_least_float32(self._grid(acts, name, size))
+            grid_grads = _maps.at_least_float32(self._grid(grads, name, size, check=False))
             bad = _nonfinite_items(output, grid_acts, grid_grads)
             zero = [i for i in self._check_gradients(name, grads, grid_grads) if i not in bad]
             weights = self._weights(grid_acts, grid_grads)
@@ -244,11 +244,6 @@ class CAM:
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({type(self.model).__name__}, layers={self.layers})"
-
-
-def precise(x: torch.Tensor) -> torch.Tensor:
-    """Maps are computed in float64 for a float64 model, else in float32 (half and bfloat16 upcast)."""
-    return x if x.dtype == torch.float64 else x.float()
 
 
 def _looks_channels_last(shape: tuple[int, ...], size: tuple[int, int] | None) -> bool:

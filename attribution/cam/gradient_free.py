@@ -13,7 +13,7 @@ from .._progress import progress as progress_bar
 from .._run import kept_state
 from ..targets import Target, class_indices, class_logits
 from . import _math as cm
-from ._base import CAM, Reshape, precise
+from ._base import CAM, Reshape
 
 
 class EigenCAM(CAM):
@@ -29,7 +29,9 @@ class EigenCAM(CAM):
     def _raw_maps(self, inputs: Any, target: Target, size: tuple[int, int] | None) -> dict[str, torch.Tensor]:
         captured, _ = self._run(inputs, None, with_grad=False)
         chosen = self._chosen(captured)
-        return {name: cm.eigencam(precise(self._grid(acts, name, size))) for name, acts in chosen.items()}
+        return {
+            name: cm.eigencam(_maps.at_least_float32(self._grid(acts, name, size))) for name, acts in chosen.items()
+        }
 
 
 class ScoreCAM(CAM):
@@ -75,7 +77,7 @@ class ScoreCAM(CAM):
             )
         batch = inputs
         captured, output = self._run(batch, None, with_grad=False)
-        chosen = {name: precise(self._grid(a, name, size)) for name, a in self._chosen(captured).items()}
+        chosen = {name: _maps.at_least_float32(self._grid(a, name, size)) for name, a in self._chosen(captured).items()}
         index = None if callable(target) else class_indices(class_logits(output), target, batch.shape[0])
         maps = {}
         assert size is not None

@@ -21,6 +21,7 @@ import socket
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Union
 
@@ -134,7 +135,66 @@ def attribute_dataset(
     """
     rank, world = _distributed.setup()
     out = Path(out)
-    dataset, options, batch_size = _dataset(data, batch_size)
+    plan = _plan(method, data, batch_size, target, model, dtype, topk, shard_size)
+    settings = _settle(out, plan.settings, fixed_shard_size=shard_size is not None, rank=rank)
+    size = int(settings["shard_size"])
+    mine = list(_distributed.share(shard_count(plan.items, size), rank, world))
+    todo = [shard for shard in mine if not is_complete(out, shard)]
+    batches = [
+        list(range(start, min(start + plan.batch_size, rows.stop)))
+        for rows in (shard_rows(plan.items, size, shard) for shard in todo)
+        for start in range(rows.start, rows.stop, plan.batch_size)
+    ]
+    if device is None and plan.observed is not None:
+        device = next((p.device for p in plan.observed.parameters()), None)
+    run = _Batch(method, plan.takes_target, target, plan.per_item, plan.storage, topk, device)
+    total = sum(len(shard_rows(plan.items, size, shard)) for shard in mine)
+    bar = tqdm(
+        total=total,
+        initial=total - sum(len(b) for b in batches),
+        unit="item",
+        desc="attribute_dataset" + (f" (rank 0 of {world})" if world > 1 else ""),
+        disable=not progress or rank != 0,
+        dynamic_ncols=True,
+        delay=DELAY,
+    )
+    meta = {"rank": rank, "world": world, "host": socket.gethostname()}
+    _write_shards(out, plan, size, batches, run, bar, meta)
+    sync_dir(out / SHARDS)
+    gathered = _distributed.all_gather([read_meta(out, shard) for shard in mine])
+    if rank == 0:
+        _write_manifest(out, settings, [shard_meta for rank_metas in gathered for shard_meta in rank_metas])
+    _distributed.barrier()
+    return open_results(out)
+
+
+@dataclass(frozen=True)
+class _Plan:
+    """A run's checked arguments and the settings that a resumed run must match."""
+
+    dataset: Any
+    options: dict[str, Any]  # DataLoader options kept from a given loader
+    batch_size: int
+    items: int
+    observed: nn.Module | None  # the model whose logits are recorded
+    takes_target: bool
+    per_item: torch.Tensor | None  # the class of each item, when given
+    storage: torch.dtype
+    settings: dict[str, Any]
+
+
+def _plan(
+    method: Callable[..., torch.Tensor],
+    data: Any,
+    batch_size: int | None,
+    target: DatasetTarget,
+    model: nn.Module | None,
+    dtype: torch.dtype | str,
+    topk: int,
+    shard_size: int | None,
+) -> _Plan:
+    """Check every argument before anything runs or is written, and describe the run."""
+    dataset, options, batch = _dataset(data, batch_size)
     items = len(dataset)
     observed = model if model is not None else getattr(method, "model", None)
     if observed is not None and not isinstance(observed, nn.Module):
@@ -150,50 +210,37 @@ def attribute_dataset(
         "format": FORMAT,
         "version": VERSION,
         "items": items,
-        "shard_size": shard_size or _default_shard_size(items, batch_size),
+        "shard_size": shard_size or _default_shard_size(items, batch),
         "dtype": str(storage).removeprefix("torch."),
         "topk": topk,
         "target": _describe_target(target, per_item),
         "method": _describe(method),
         "model": None if observed is None else type(observed).__name__,
     }
-    settings = _settle(out, settings, fixed_shard_size=shard_size is not None, rank=rank)
-    size = int(settings["shard_size"])
-    mine = list(_distributed.share(shard_count(items, size), rank, world))
-    todo = [shard for shard in mine if not is_complete(out, shard)]
-    batches = [
-        list(range(start, min(start + batch_size, rows.stop)))
-        for rows in (shard_rows(items, size, shard) for shard in todo)
-        for start in range(rows.start, rows.stop, batch_size)
-    ]
-    if device is None and observed is not None:
-        device = next((p.device for p in observed.parameters()), None)
-    run = _Batch(method, takes_target, target, per_item, storage, topk, device)
-    total = sum(len(shard_rows(items, size, shard)) for shard in mine)
-    bar = tqdm(
-        total=total,
-        initial=total - sum(len(b) for b in batches),
-        unit="item",
-        desc="attribute_dataset" + (f" (rank 0 of {world})" if world > 1 else ""),
-        disable=not progress or rank != 0,
-        dynamic_ncols=True,
-        delay=DELAY,
-    )
+    return _Plan(dataset, options, batch, items, observed, takes_target, per_item, storage, settings)
+
+
+def _write_shards(
+    out: Path, plan: _Plan, size: int, batches: list[list[int]], run: _Batch, bar: Any, meta: dict[str, Any]
+) -> None:
+    """Compute ``batches`` and stream them into their shards; a finished shard is published in a thread.
+
+    A shard is fsynced and renamed in a thread while the next batches compute, one at a time; on any error (or
+    ``KeyboardInterrupt``) the shard being written is removed and the bar closed.
+    """
     writer: ShardWriter | None = None
-    meta = {"rank": rank, "world": world, "host": socket.gethostname()}
-    # a finished shard is fsynced and renamed in a thread while the next batches compute; one at a time
     with (
         ThreadPoolExecutor(max_workers=1, thread_name_prefix="hookscope-shards") as publisher,
-        _observing(observed) as observer,
+        _observing(plan.observed) as observer,
     ):
         published: Future[None] | None = None
         try:
             if batches:
-                loader = DataLoader(dataset, batch_sampler=batches, **options)
+                loader = DataLoader(plan.dataset, batch_sampler=batches, **plan.options)
                 for indices, batch in zip(batches, loader, strict=True):
                     if writer is None:
                         shard = indices[0] // size
-                        writer = ShardWriter(out, shard, len(shard_rows(items, size, shard)))
+                        writer = ShardWriter(out, shard, len(shard_rows(plan.items, size, shard)))
                     writer.append(run(batch, indices, observer))
                     if writer.written == writer.rows:
                         if published is not None:
@@ -209,12 +256,6 @@ def attribute_dataset(
             raise
         finally:
             bar.close()
-    sync_dir(out / SHARDS)
-    gathered = _distributed.all_gather([read_meta(out, shard) for shard in mine])
-    if rank == 0:
-        _write_manifest(out, settings, [shard_meta for rank_metas in gathered for shard_meta in rank_metas])
-    _distributed.barrier()
-    return open_results(out)
 
 
 def open_results(out: str | Path) -> Results:

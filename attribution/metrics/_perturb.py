@@ -99,3 +99,13 @@ def make_baseline(baseline: Baseline, images: torch.Tensor) -> torch.Tensor:
 def auc(fractions: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
     """Area ``(B,)`` under each curve of ``scores`` ``(B, P)`` over ``fractions`` ``(P,)``, by the trapezoid rule."""
     return torch.trapezoid(scores, fractions.to(scores), dim=1)
+
+
+def derived_seed(seed: int, *keys: int) -> int:
+    """A seed for one part of a run (a stage, an image, a curve): a hash of ``(seed, *keys)``, equal in every process.
+
+    Example:
+        >>> derived_seed(0, 1) == derived_seed(0, 1) != derived_seed(0, 2)
+        True
+    """
+    return hash((seed, *keys)) & 0x7FFF_FFFF_FFFF_FFFF

@@ -20,6 +20,7 @@ from torch import nn
 from torch.utils import _pytree as pytree
 
 from .._inputs import batched, call, find_images, is_image_list
+from .._maps import at_least_float32
 from .._progress import progress as progress_bar
 from .._run import describe, kept_state, warn
 from ..targets import Target, check_target, class_indices, class_logits, target_scores
@@ -159,12 +160,12 @@ class Scorer:
         if callable(self.target):
             group, rows = len(self.images), len(items)
             if rows == group:
-                return _floating(target_scores(output, self.target, group))
+                return at_least_float32(target_scores(output, self.target, group))
             assert rows % group == 0, "run_batches gives whole groups"
             assert bool((items.view(-1, group) == torch.arange(group, device=items.device)).all()), "in batch order"
             parts = [_rows(output, start, start + group, rows) for start in range(0, rows, group)]
-            return torch.cat([_floating(target_scores(part, self.target, group)) for part in parts])
-        logits = _floating(class_logits(output))
+            return torch.cat([at_least_float32(target_scores(part, self.target, group)) for part in parts])
+        logits = at_least_float32(class_logits(output))
         if self.score == "probability":
             logits = logits.softmax(dim=1)
         assert self.classes is not None, "score the unperturbed images first"
@@ -200,11 +201,6 @@ def run_batches(
         images, items = make(torch.arange(start, min(start + scorer.chunk, count)))
         scores.append(scorer(images, items).detach().cpu())
     return torch.cat(scores) if scores else torch.empty(0)
-
-
-def _floating(scores: torch.Tensor) -> torch.Tensor:
-    """Scores in float32 at least (float64 stays float64)."""
-    return scores.to(torch.promote_types(scores.dtype, torch.float32))
 
 
 def top_classes(model: nn.Module, inputs: Any) -> list[int]:

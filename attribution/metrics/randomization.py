@@ -13,8 +13,10 @@ from torch import nn
 from hooks import resolve
 
 from .._inputs import batched
+from .._maps import minmax
 from .._progress import progress as progress_bar
 from .._run import warn
+from ._perturb import derived_seed
 from ._scoring import Target, top_classes
 from ._similarity import constant_items, spearman, ssim, unfinite_items
 
@@ -127,7 +129,7 @@ def randomization_test(
 
 def stage_seed(seed: int, stage: int) -> int:
     """The seed of the re-initialisation at ``stage``: a hash of ``(seed, stage)``, the same in every process."""
-    return hash((seed, stage)) & 0x7FFF_FFFF_FFFF_FFFF
+    return derived_seed(seed, stage)
 
 
 def default_layers(model: nn.Module) -> list[str]:
@@ -194,8 +196,8 @@ def _compare(original: torch.Tensor, maps: torch.Tensor, stages: Sequence[str]) 
         )
     rho = torch.stack([spearman(original, m) for m in maps]).float()
     if min(original.shape[-2:]) >= 11:
-        scaled = _minmax(original)
-        similarity = torch.stack([ssim(scaled, _minmax(m)) for m in maps]).float()
+        scaled = minmax(original.double())
+        similarity = torch.stack([ssim(scaled, minmax(m.double())) for m in maps]).float()
     else:
         similarity = torch.full(rho.shape, float("nan"))
         warn(
@@ -220,13 +222,6 @@ def _compare(original: torch.Tensor, maps: torch.Tensor, stages: Sequence[str]) 
             f"some maps are constant (e.g. all zero) at stage(s) {where}: their Spearman correlation is NaN",
         )
     return rho, similarity
-
-
-def _minmax(maps: torch.Tensor) -> torch.Tensor:
-    flat = maps.flatten(1).double()
-    low, high = flat.min(dim=1, keepdim=True).values, flat.max(dim=1, keepdim=True).values
-    span = high - low
-    return ((flat - low) / torch.where(span > 0, span, 1)).view(maps.shape)
 
 
 def _cuda_devices(model: nn.Module) -> list[int]:

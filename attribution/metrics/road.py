@@ -10,7 +10,7 @@ import torch
 from torch import nn
 
 from ._impute import noisy_linear_imputation
-from ._perturb import pixel_ranks
+from ._perturb import derived_seed, pixel_ranks
 from ._scoring import Images, Scorer, Target, observing, run_batches
 
 PERCENTILES = (10, 20, 30, 40, 50, 60, 70, 80, 90)
@@ -119,4 +119,4 @@ def road(
 
 def noise_seed(seed: int, item: int, curve: int) -> int:
     """The seed of the noise of image ``item`` at ``curve`` (MoRF points, then LeRF): the same in every process."""
-    return hash((seed, item, curve)) & 0x7FFF_FFFF_FFFF_FFFF
+    return derived_seed(seed, item, curve)

@@ -20,6 +20,7 @@ from torch.utils import _pytree as pytree
 from hooks import ModuleTarget, resolve
 
 from .._inputs import batch_size, batched
+from .._lm import check_heads
 from .._run import Element, HookedRun, did_not_run, eager_module
 from .sites import Index, Recorded, Site, record
 
@@ -233,8 +234,15 @@ class Cells:
         """Axis names of the (viewed) activation."""
         return view_axes(self.pattern, self.positions is not False)
 
-    def plan(self, names: list[str], acts: Recorded) -> tuple[list[Cell], tuple[int, ...]]:
-        """The cells in row-major order and the result's shape (checks positions and heads against ``acts``)."""
+    def plan(self, names: list[str], acts: Recorded, model: nn.Module, site: str) -> tuple[list[Cell], tuple[int, ...]]:
+        """The cells in row-major order and the result's shape.
+
+        Checks positions and heads against ``acts``, and ``heads`` against a language model's config where the
+        sites are its attention projections (:func:`attribution._lm.check_heads`: on GQA, query and key/value
+        heads differ, and a wrong count that happens to divide the activation would slice it silently wrong).
+        """
+        if self.heads is not None:
+            check_heads(model, names, self.heads, site)
         return plan_cells(names, acts, self.positions, self.heads, self.head_pattern, self.axes)
 
     def index(self, cell: Cell, rows: slice = slice(None)) -> Index:

@@ -112,7 +112,7 @@ def activation_patching(
     hooked = {id(m) for m in hooked_modules(inputs.model)} if replayable else None  # the user's hooks, before ours
     with HookedRun(inputs.model, "activation-patching") as run, ExitStack() as stack:
         source, source_metric = reference_run(run, inputs, grid, site, element, metric)
-        cells, shape = grid.plan(inputs.names, source)
+        cells, shape = grid.plan(inputs.names, source, inputs.model, site)
         target_output, plans, replay = None, None, None
         if hooked is not None:  # the unpatched target run, traced to replay the calls before each site
             sites = [(name, site) for name in inputs.names]

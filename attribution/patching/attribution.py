@@ -13,6 +13,7 @@ the site, as in `Marks et al. 2024 <https://arxiv.org/abs/2403.19647>`_ and EAP-
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any, Literal
 
 import torch
@@ -21,29 +22,19 @@ from torch import nn
 from hooks import ModuleTarget
 
 from .._inputs import batch_size
+from .._maps import at_least_float32 as wide
 from .._progress import progress as progress_bar
-from .._run import (
-    Element,
-    HookedRun,
-    SiteTypeError,
-    did_not_run,
-    eager_module,
-    hook_site,
-    no_dependence,
-    reentrant_checkpoint,
-    warn,
-)
+from .._run import Element, HookedRun, SiteTypeError, hook_site, no_dependence, reentrant_checkpoint, warn
 from ._sweep import (
     DEFAULT_HEAD_PATTERN,
-    cell_sums,
-    check_same_shapes,
-    checked_metric,
-    ordered,
-    plain,
-    plan_cells,
-    view_axes,
+    Cells,
+    Inputs,
+    check_direction,
+    prepare,
+    ran_more_often,
+    reference_run,
 )
-from .sites import Site, check_site, record
+from .sites import Site, check_site
 
 Calls = dict[str, list[torch.Tensor]]  # module name -> one tensor per call of the module in one forward
 
@@ -100,10 +91,9 @@ def attribution_patching(
             first keyword argument).
         element: for tuple, mapping or ``ModelOutput`` sites, the tensor that is the site (an index or a name); for
             ``site="input"``, the argument (a position or a parameter name such as ``"hidden_states"``).
-        positions: ``True``: one cell per position (axis 1 of the activation); a sequence: those positions;
-            ``False``: all positions at once.
-        heads: number of heads: one cell per head, the activation viewed through ``head_pattern``.
-        head_pattern: einops pattern splitting the last axis into heads, with ``h`` the head axis.
+        positions: the cells per position, as for :func:`attribution.activation_patching`.
+        heads: the cells per head, as for :func:`attribution.activation_patching`.
+        head_pattern: the heads' view of the activation, as for :func:`attribution.activation_patching`.
         per_example: keep one value per batch item (a trailing batch axis). The per-item gradients come from one
             backward pass of the summed metric, so batch items must not interact in the model.
         normalize: return ``(estimate - m_target) / (m_source - m_target)``: 0 is the unpatched run of the input
@@ -143,77 +133,89 @@ def attribution_patching(
         (torch.Size([2, 3]), True)
     """
     check_site(site)
-    if direction not in ("denoise", "noise"):
-        raise ValueError(f"`direction` must be 'denoise' or 'noise'; got {direction!r}")
+    check_direction(direction)
     if isinstance(ig_steps, bool) or not isinstance(ig_steps, int) or ig_steps < 1:
         raise ValueError(f"`ig_steps` must be an int of at least 1 (1: plain attribution patching); got {ig_steps!r}")
-    model = eager_module(model)
-    clean, corrupted = plain(clean, model), plain(corrupted, model)
-    check_same_shapes(clean, corrupted)
-    names = [name for name, _ in ordered(model, layers)]
-    batch = batch_size(clean)
-    source_input, target_input = (clean, corrupted) if direction == "denoise" else (corrupted, clean)
-
-    with HookedRun(model, "attribution-patching") as run:
-        for p in model.parameters():  # no graph before the first site, no parameter gradients; restored on exit
+    inputs = prepare(model, clean, corrupted, layers, ("`clean`", "`corrupted`"), swap=direction == "noise")
+    taps = _Taps(site, element, metric, Cells(positions, heads, head_pattern, per_example))
+    with HookedRun(inputs.model, "attribution-patching") as run:
+        for p in inputs.model.parameters():  # no graph before the first site, no parameter gradients; restored on exit
             p.requires_grad_(False)
-        with record(model, names, site=site, element=element) as recorded:
-            source_metric = checked_metric(metric, run.forward(source_input), per_example, batch)
-        for name in names:
-            if name not in recorded:
-                raise did_not_run("`layers`", name)
-        source: Calls = {name: list(recorded.calls[name]) for name in names}
-        axes = view_axes(head_pattern if heads else None, positions is not False)
-        _, shape = plan_cells(names, recorded, positions, heads, head_pattern, axes)  # checks positions and heads
-
-        target, grads, target_metric = gradient_run(model, target_input, names, metric, site, element, per_example)
-        for name in names:
-            if len(target[name]) != len(source[name]):
-                raise RuntimeError(
-                    f"{name!r} ran {len(target[name])} time(s) in the forward of the input being patched but "
-                    f"{len(source[name])} time(s) in the other: the two runs must call the same modules"
-                )
-        # runs of one layer each: its line points j/k for j >= 1, and j = 0 where the shared run's gradient of a
-        # module called several times would also carry each call's effect through the module's later calls
-        runs = [(name, j / ig_steps) for name in names for j in range(0 if len(source[name]) > 1 else 1, ig_steps)]
-        for name, alpha in progress_bar(runs, desc="attribution patching", enabled=progress and bool(runs)):
-            points = {name: [t + alpha * (s - t) for s, t in zip(source[name], target[name], strict=True)]}
-            _, line, _ = gradient_run(model, target_input, [name], metric, site, element, per_example, points)
-            shared = [None] * len(line[name]) if alpha == 0 else grads[name]
-            grads[name] = [_add(g, h) for g, h in zip(shared, line[name], strict=True)]
-
-    values = []
-    for name in names:
-        if all(g is None for g in grads[name]):
-            warn(
-                f"`layers` {name!r} got no gradient: `metric` does not depend on its {site} through differentiable "
-                "operations, so its estimates are the unpatched metric. Check the layer and the metric (argmax, "
-                ".item() or detach() cut the gradient)"
-            )
-        product = sum(
-            (_wide(s) - _wide(t)) * (_wide(g) / ig_steps)
-            for s, t, g in zip(source[name], target[name], grads[name], strict=True)
-            if g is not None
-        )
-        if not isinstance(product, torch.Tensor):
-            product = torch.zeros_like(source[name][0])
-        values.append(cell_sums(product, positions, heads, head_pattern, per_example))
-    effect = torch.stack(values).float().cpu().reshape(*shape, *((batch,) if per_example else ()))
+        recorded, source_metric = reference_run(run, inputs, taps.cells, site, element, metric)
+        _, shape = taps.cells.plan(inputs.names, recorded, inputs.model, site)  # checks positions and heads
+        source: Calls = {name: list(recorded.calls[name]) for name in inputs.names}
+        target, grads, target_metric = _gradients(inputs, source, taps, ig_steps, progress)
+    values = [_estimate(name, source[name], target[name], grads[name], taps, ig_steps) for name in inputs.names]
+    effect = taps.cells.shaped(torch.stack(values).float().cpu(), shape, inputs.batch)
     base, top = target_metric.float().cpu(), source_metric.float().cpu()
     if normalize:  # 0 = the unpatched run, 1 = the run the activations come from
         return effect / (top - base)
     return base + effect
 
 
-def gradient_run(
-    model: nn.Module,
-    inputs: Any,
-    names: list[str],
-    metric: Callable[[Any], torch.Tensor],
-    site: Site,
-    element: Element,
-    per_example: bool,
-    replace: Calls | None = None,
+@dataclass(frozen=True)
+class _Taps:
+    """Where the metric is differentiated: each layer's site (and element), the metric, and the cells."""
+
+    site: Site
+    element: Element
+    metric: Callable[[Any], torch.Tensor]
+    cells: Cells
+
+
+def _gradients(
+    inputs: Inputs, source: Calls, taps: _Taps, ig_steps: int, progress: bool
+) -> tuple[Calls, dict[str, list[torch.Tensor | None]], torch.Tensor]:
+    """The target's activations, the (integrated) gradients of the metric at them, and the target's metric.
+
+    One shared forward + backward for every layer; then runs of one layer each: its line points ``j/k`` for
+    ``j >= 1``, and ``j = 0`` where the shared run's gradient of a module called several times would also carry each
+    call's effect through the module's later calls.
+    """
+    names = inputs.names
+    target, grads, target_metric = _gradient_run(inputs.model, inputs.target, names, taps)
+    for name in names:
+        if len(target[name]) != len(source[name]):
+            raise RuntimeError(
+                f"{name!r} ran {len(target[name])} time(s) in the forward of the input being patched but "
+                f"{len(source[name])} time(s) in the other: the two runs must call the same modules"
+            )
+    runs = [(name, j / ig_steps) for name in names for j in range(0 if len(source[name]) > 1 else 1, ig_steps)]
+    for name, alpha in progress_bar(runs, desc="attribution patching", enabled=progress and bool(runs)):
+        points = {name: [t + alpha * (s - t) for s, t in zip(source[name], target[name], strict=True)]}
+        _, line, _ = _gradient_run(inputs.model, inputs.target, [name], taps, points)
+        shared = [None] * len(line[name]) if alpha == 0 else grads[name]
+        grads[name] = [_add(g, h) for g, h in zip(shared, line[name], strict=True)]
+    return target, grads, target_metric
+
+
+def _estimate(
+    name: str,
+    source: list[torch.Tensor],
+    target: list[torch.Tensor],
+    grads: list[torch.Tensor | None],
+    taps: _Taps,
+    ig_steps: int,
+) -> torch.Tensor:
+    """One layer's first-order effects, summed over each cell and over the layer's calls; warns without gradient."""
+    if all(g is None for g in grads):
+        warn(
+            f"`layers` {name!r} got no gradient: `metric` does not depend on its {taps.site} through differentiable "
+            "operations, so its estimates are the unpatched metric. Check the layer and the metric (argmax, "
+            ".item() or detach() cut the gradient)"
+        )
+    product = sum(
+        (wide(s) - wide(t)) * (wide(g) / ig_steps)  # never multiplied and summed in half precision
+        for s, t, g in zip(source, target, grads, strict=True)
+        if g is not None
+    )
+    if not isinstance(product, torch.Tensor):
+        product = torch.zeros_like(source[0])
+    return taps.cells.sums(product)
+
+
+def _gradient_run(
+    model: nn.Module, inputs: Any, names: list[str], taps: _Taps, replace: Calls | None = None
 ) -> tuple[Calls, dict[str, list[torch.Tensor | None]], torch.Tensor]:
     """One forward + backward: the activations of ``names`` (every call), ``d metric / d activation``, the metric.
 
@@ -224,34 +226,33 @@ def gradient_run(
     for the parameters as long as they do not require grad (:func:`attribution_patching` switches that off).
     """
     batch = batch_size(inputs)
-    taps: Calls = {name: [] for name in names}
+    leaves: Calls = {name: [] for name in names}
 
     with HookedRun(model, "attribution-patching-gradients", with_grad=True) as run:
 
         def tap(current: torch.Tensor, name: str, call_index: int) -> torch.Tensor:
             if not current.is_floating_point():
                 raise SiteTypeError(
-                    f"the {site} of {name!r} is a {current.dtype} tensor: attribution patching differentiates the "
-                    "metric with respect to the activation, which must be floating point"
+                    f"the {taps.site} of {name!r} is a {current.dtype} tensor: attribution patching differentiates "
+                    "the metric with respect to the activation, which must be floating point"
                 )
-            calls = taps[name]
+            calls = leaves[name]
             del calls[call_index:]
             if replace is None:
                 # our own copy: an in-place change of the module's tensor later in the forward cannot reach it
                 leaf = run.leaf(current.detach().clone())
                 new = _Tap.apply(current, leaf)  # a copy of `current`; its gradient reaches both
             else:
-                given = replace[name]
-                if call_index >= len(given):
-                    raise RuntimeError(f"{name!r} ran more often than in the reference run ({len(given)} call(s))")
-                leaf = run.leaf(given[call_index].detach().to(current.dtype).clone())
+                if call_index >= len(replace[name]):
+                    raise ran_more_often(name, len(replace[name]))
+                leaf = run.leaf(replace[name][call_index].detach().to(current.dtype).clone())
                 new = leaf.clone()  # later in-place operations change this copy, never the leaf
             calls.append(leaf)
             return new
 
-        hook_site(run.group, names, site, element, tap)
-        value = checked_metric(metric, run.forward(inputs), per_example, batch)
-        leaves = [(name, i) for name in names for i in range(len(taps[name]))]
+        hook_site(run.group, names, taps.site, taps.element, tap)
+        value = taps.cells.metric(taps.metric, run.forward(inputs), batch)
+        order = [(name, i) for name in names for i in range(len(leaves[name]))]
         if not value.requires_grad:
             if run.checkpointed or reentrant_checkpoint(value):
                 raise no_dependence("`layers`", names[0], value, checkpointed=True)
@@ -260,11 +261,11 @@ def gradient_run(
                 f"{', ...' if len(names) > 1 else ''}) through differentiable operations (argmax, .item() or detach() "
                 "cut the gradient)"
             )
-        found = run.gradients(value, [taps[n][i] for n, i in leaves], "`layers`", names)
+        found = run.gradients(value, [leaves[n][i] for n, i in order], "`layers`", names)
     grads: dict[str, list[torch.Tensor | None]] = {name: [] for name in names}
-    for (name, _), grad in zip(leaves, found, strict=True):
+    for (name, _), grad in zip(order, found, strict=True):
         grads[name].append(grad)
-    acts = {name: [leaf.detach() for leaf in calls] for name, calls in taps.items()}
+    acts = {name: [leaf.detach() for leaf in calls] for name, calls in leaves.items()}
     return acts, grads, value.detach()
 
 
@@ -278,11 +279,6 @@ class _Tap(torch.autograd.Function):
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, torch.Tensor]:
         return (grad if ctx.needs_input_grad[0] else None), grad
-
-
-def _wide(x: torch.Tensor) -> torch.Tensor:
-    """At least float32, so that half-precision activations are not multiplied and summed in half precision."""
-    return x.to(torch.promote_types(x.dtype, torch.float32))
 
 
 def _add(a: torch.Tensor | None, b: torch.Tensor | None) -> torch.Tensor | None:

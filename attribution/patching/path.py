@@ -8,6 +8,7 @@ keeps only the paths that avoid the sites in ``freeze`` and end in the ``receive
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any, Literal
 
 import torch
@@ -15,21 +16,21 @@ from torch import nn
 
 from hooks import ModuleTarget
 
-from .._inputs import batch_size
 from .._progress import progress as progress_bar
-from .._run import Element, HookedRun, did_not_run, eager_module, hook_site
+from .._run import Element, HookedRun, did_not_run, hook_site
 from ._sweep import (
     DEFAULT_HEAD_PATTERN,
     Cell,
-    cell_index,
-    check_same_shapes,
-    checked_metric,
+    Cells,
+    Inputs,
+    call_of,
+    normalised,
     ordered,
-    plain,
-    plan_cells,
-    view_axes,
+    prepare,
+    ran_more_often,
+    reference_run,
 )
-from .sites import Recorded, check_site, record, replace
+from .sites import Index, Recorded, Site, check_site, record, replace
 
 
 def path_patching(
@@ -87,9 +88,9 @@ def path_patching(
         site: ``"output"`` or ``"input"`` (the first argument as called) of the senders and frozen modules.
         element: for tuple, mapping or ``ModelOutput`` sites, the tensor that is the site (an index or a name); for
             ``site="input"``, the argument (a position or a parameter name).
-        positions: ``True``: one cell per sender position; a sequence: those positions; ``False``: all at once.
-        heads: number of sender heads: one cell per head, the activation viewed through ``head_pattern``.
-        head_pattern: einops pattern splitting the last axis into heads, with ``h`` the head axis.
+        positions: the sender cells per position, as for :func:`attribution.activation_patching`.
+        heads: the sender cells per head, as for :func:`attribution.activation_patching`.
+        head_pattern: the heads' view of the activation, as for :func:`attribution.activation_patching`.
         receiver_site: ``"input"`` (default) or ``"output"`` of the receivers.
         receiver_element: ``element`` for the receivers' site.
         receiver_positions: positions (axis 1) of the receivers' activations to patch; ``None``: all.
@@ -126,94 +127,113 @@ def path_patching(
     """
     check_site(site)
     check_site(receiver_site)
-    model = eager_module(model)
-    base, source = plain(base, model), plain(source, model)
-    check_same_shapes(base, source)
-    sender_names = [name for name, _ in ordered(model, senders)]
-    receiver_names = [name for name, _ in ordered(model, receivers)]
+    inputs = prepare(model, base, source, senders, ("`base`", "`source`"), swap=True)  # the target run is `base`
+    receiving = _Sites(receiver_site, receiver_element, [name for name, _ in ordered(inputs.model, receivers)])
+    frozen = _frozen(inputs, freeze, receiving if (site, element) == (receiver_site, receiver_element) else None)
+    sending = _Sites(site, element, list(dict.fromkeys(inputs.names + frozen)))
+    grid = Cells(positions, heads, head_pattern, per_example)
+    with HookedRun(inputs.model, "path-patching") as run:
+        with (
+            record(inputs.model, sending.names, site=site, element=element) as base_acts,
+            record(inputs.model, receiving.names, site=receiver_site, element=receiver_element) as base_received,
+        ):
+            base_metric = grid.metric(metric, run.forward(inputs.target), inputs.batch)
+        source_acts, source_metric = reference_run(run, inputs, grid, site, element, metric, what="`senders`")
+        for what, names, seen in (("`freeze`", frozen, base_acts), ("`receivers`", receiving.names, base_received)):
+            for name in names:
+                if name not in seen:
+                    raise did_not_run(what, name)
+        every, shape = grid.plan(inputs.names, source_acts, inputs.model, site)
+        paths = _Paths(inputs, grid, frozen, (base_acts, source_acts), receiver_positions)
+        hook_site(run.group, sending.names, site, element, paths.sender_site)
+        hook_site(run.group, receiving.names, receiver_site, receiver_element, paths.receiver)
+        chosen = range(len(every)) if cells is None else _chosen(cells, shape)
+        values = torch.full((len(every), *((inputs.batch,) if per_example else ())), float("nan"))
+        for i in progress_bar(chosen, desc="path patching", enabled=progress):
+            values[i] = paths.run(run, every[i], metric)
+    result = grid.shaped(values, shape, inputs.batch)
+    return normalised(result, base_metric, source_metric) if normalize else result  # 0: the base run, 1: source
+
+
+@dataclass(frozen=True)
+class _Sites:
+    """One kind of site of a path-patching run: ``site`` (and ``element``) of the modules ``names``."""
+
+    site: Site
+    element: Element
+    names: list[str]
+
+
+def _frozen(inputs: Inputs, freeze: ModuleTarget | None, receiving: _Sites | None) -> list[str]:
+    """The modules whose site keeps its base value: the senders by default; never a receiver at its own site."""
     if freeze is None:
-        frozen = list(sender_names)
+        frozen = list(inputs.names)
     elif isinstance(freeze, (list, tuple)) and not freeze:
         frozen = []
     else:
-        frozen = [name for name, _ in ordered(model, freeze)]
-    if site == receiver_site and element == receiver_element:
-        frozen = [name for name in frozen if name not in receiver_names]  # receivers receive; they are not frozen
-    batch = batch_size(base)
-    patched_names = list(dict.fromkeys(sender_names + frozen))
+        frozen = [name for name, _ in ordered(inputs.model, freeze)]
+    if receiving is not None:
+        frozen = [name for name in frozen if name not in receiving.names]  # receivers receive; they are not frozen
+    return frozen
 
-    with HookedRun(model, "path-patching") as run:
-        with (
-            record(model, patched_names, site=site, element=element) as base_acts,
-            record(model, receiver_names, site=receiver_site, element=receiver_element) as base_received,
-        ):
-            base_metric = checked_metric(metric, run.forward(base), per_example, batch)
-        with record(model, sender_names, site=site, element=element) as source_acts:
-            source_metric = checked_metric(metric, run.forward(source), per_example, batch)
-        for kind, names, seen in (
-            ("`senders`", sender_names, base_acts),
-            ("`freeze`", frozen, base_acts),
-            ("`receivers`", receiver_names, base_received),
-        ):
-            for name in names:
-                if name not in seen:
-                    raise did_not_run(kind, name)
-        axes = view_axes(head_pattern if heads else None, positions is not False)
-        every, shape = plan_cells(sender_names, source_acts, positions, heads, head_pattern, axes)
-        chosen = range(len(every)) if cells is None else _chosen(cells, shape)
-        sizes = {"h": heads} if heads else {}
-        pattern = head_pattern if heads else None
-        receiver_index: tuple[Any, ...] = () if receiver_positions is None else (slice(None), list(receiver_positions))
-        values = torch.full((len(every), *((batch,) if per_example else ())), float("nan"))
 
-        state: dict[str, Any] = {"stage": None, "cell": None}
-        received: dict[str, list[torch.Tensor]] = {}
+class _Paths:
+    """The two runs of each sender cell, and the hooks that make them.
 
-        def sender_site(current: torch.Tensor, name: str, call_index: int) -> torch.Tensor | None:
-            if state["stage"] != "sender":
-                return None
-            new = current
-            if name in frozen:
-                new = _call(base_acts, name, call_index).to(current.dtype).clone()
-            cell: Cell = state["cell"]
-            if name == sender_names[cell.layer]:
-                new = replace(
-                    new,
-                    _call(source_acts, name, call_index),
-                    cell_index(axes, slice(None), cell),
-                    pattern=pattern,
-                    sizes=sizes,
-                )
-            return None if new is current else new
+    The sender run freezes the frozen sites, patches the cell and records the receivers; the receiver run patches
+    the receivers' recorded values in.
+    """
 
-        def receiver(current: torch.Tensor, name: str, call_index: int) -> torch.Tensor | None:
-            if state["stage"] == "sender":
-                calls = received.setdefault(name, [])
-                del calls[call_index:]
-                calls.append(current.detach().clone())
-            elif state["stage"] == "receiver":
-                calls = received[name]
-                if call_index >= len(calls):
-                    raise RuntimeError(f"{name!r} ran more often than in the sender run ({len(calls)} call(s))")
-                return replace(current, calls[call_index], receiver_index)
+    def __init__(
+        self,
+        inputs: Inputs,
+        grid: Cells,
+        frozen: list[str],
+        recorded: tuple[Recorded, Recorded],
+        receiver_positions: Sequence[int] | None,
+    ) -> None:
+        self.inputs, self.grid, self.frozen = inputs, grid, set(frozen)
+        self.base_acts, self.source_acts = recorded
+        self.receiver_index: Index = () if receiver_positions is None else (slice(None), list(receiver_positions))
+        self.stage: Literal["sender", "receiver"] | None = None
+        self.cell: Cell | None = None
+        self.received: dict[str, list[torch.Tensor]] = {}
+
+    def run(self, run: HookedRun, cell: Cell, metric: Callable[[Any], torch.Tensor]) -> torch.Tensor:
+        """The metric after patching ``cell`` along the paths to the receivers."""
+        self.received.clear()
+        self.stage, self.cell = "sender", cell
+        try:
+            run.forward(self.inputs.target)
+            self.stage = "receiver"
+            return self.grid.metric(metric, run.forward(self.inputs.target), self.inputs.batch).float().cpu()
+        finally:
+            self.stage, self.cell = None, None
+
+    def sender_site(self, current: torch.Tensor, name: str, call_index: int) -> torch.Tensor | None:
+        """In the sender run: frozen sites take their base value, the cell's slice its source value."""
+        if self.stage != "sender" or self.cell is None:
             return None
+        new = current
+        if name in self.frozen:
+            new = call_of(self.base_acts, name, call_index).to(current.dtype).clone()
+        if name == self.inputs.names[self.cell.layer]:
+            source = call_of(self.source_acts, name, call_index)
+            new = replace(new, source, self.grid.index(self.cell), pattern=self.grid.pattern, sizes=self.grid.sizes)
+        return None if new is current else new
 
-        hook_site(run.group, patched_names, site, element, sender_site)
-        hook_site(run.group, receiver_names, receiver_site, receiver_element, receiver)
-        for i in progress_bar(chosen, desc="path patching", enabled=progress):
-            cell = every[i]
-            received.clear()
-            state.update(stage="sender", cell=cell)
-            run.forward(base)
-            state["stage"] = "receiver"
-            values[i] = checked_metric(metric, run.forward(base), per_example, batch).float().cpu()
-            state["stage"] = None
-
-    result = values.view(*shape, *((batch,) if per_example else ()))
-    if normalize:  # 0 = the base run, 1 = the source run
-        low, high = base_metric.float().cpu(), source_metric.float().cpu()
-        result = (result - low) / (high - low)
-    return result
+    def receiver(self, current: torch.Tensor, name: str, call_index: int) -> torch.Tensor | None:
+        """Recorded in the sender run; patched in (at ``receiver_positions``) in the receiver run."""
+        if self.stage == "sender":
+            calls = self.received.setdefault(name, [])
+            del calls[call_index:]
+            calls.append(current.detach().clone())
+        elif self.stage == "receiver":
+            sent = self.received[name]
+            if call_index >= len(sent):
+                raise ran_more_often(name, len(sent), "the sender run")
+            return replace(current, sent[call_index], self.receiver_index)
+        return None
 
 
 def _chosen(cells: Sequence[Sequence[int]], shape: tuple[int, ...]) -> list[int]:
@@ -228,11 +248,3 @@ def _chosen(cells: Sequence[Sequence[int]], shape: tuple[int, ...]) -> list[int]
             position = position * n + i % n
         flat.add(position)
     return sorted(flat)
-
-
-def _call(acts: Recorded, name: str, index: int) -> torch.Tensor:
-    """The recorded activation of ``name``'s ``index``-th call in a reference run."""
-    calls = acts.calls[name]
-    if index >= len(calls):
-        raise RuntimeError(f"{name!r} ran more often than in the reference run ({len(calls)} call(s))")
-    return calls[index]

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import io
 import subprocess
 import sys
 
@@ -14,18 +13,9 @@ import pytest
 import torch
 
 from attribution.plot import compare, overlay, plot_patching, show_batch, show_tokens, to_rgb
-from tests.support import DATA
+from tests.support import DATA, render
 
 matplotlib.use("Agg")
-
-
-def render(fig) -> np.ndarray:
-    """The figure as an RGB array, through a real PNG."""
-    buffer = io.BytesIO()
-    fig.savefig(buffer, format="png", dpi=50)
-    plt.close(fig)
-    buffer.seek(0)
-    return matplotlib.image.imread(buffer)[..., :3]
 
 
 def test_overlay_puts_the_hot_region_where_the_map_is_hot():

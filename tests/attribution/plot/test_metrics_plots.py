@@ -9,7 +9,7 @@ import torch
 
 from attribution.metrics import CurveResult, RandomizationResult
 from attribution.plot import plot_curves, plot_randomization
-from tests.attribution.plot.test_maps import render
+from tests.support import render
 
 BLUE = np.array([0x1F, 0x77, 0xB4]) / 255  # matplotlib's first line colour, C0
 ORANGE = np.array([0xFF, 0x7F, 0x0E]) / 255  # C1

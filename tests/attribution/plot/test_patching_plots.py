@@ -3,8 +3,6 @@ checked where the marks land and in which colour."""
 
 from __future__ import annotations
 
-import io
-
 import matplotlib
 import matplotlib.image
 import matplotlib.pyplot as plt
@@ -13,17 +11,9 @@ import pytest
 import torch
 
 from attribution.plot import plot_atp_vs_exact, plot_path_patching
+from tests.support import render
 
 matplotlib.use("Agg")
-
-
-def render(fig) -> np.ndarray:
-    """The figure as an RGB array, through a real PNG."""
-    buffer = io.BytesIO()
-    fig.savefig(buffer, format="png", dpi=50)
-    plt.close(fig)
-    buffer.seek(0)
-    return matplotlib.image.imread(buffer)[..., :3]
 
 
 def blue_points(pixels: np.ndarray) -> np.ndarray:
