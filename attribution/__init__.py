@@ -10,9 +10,11 @@ Example:
 """
 
 from . import targets
+from .attribution_patching import attribution_patching
 from .cam import EigenCAM, GradCAM, GradCAMPlusPlus, HiResCAM, LayerCAM, ScoreCAM, XGradCAM
 from .dataset import attribute_dataset, open_results
 from .patching import Patch, activation_patching, patch, record
+from .path_patching import path_patching
 from .rollout import AttentionRollout, GradientRollout
 
 __all__ = [
@@ -28,8 +30,10 @@ __all__ = [
     "XGradCAM",
     "activation_patching",
     "attribute_dataset",
+    "attribution_patching",
     "open_results",
     "patch",
+    "path_patching",
     "record",
     "targets",
 ]
