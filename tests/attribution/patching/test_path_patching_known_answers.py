@@ -97,3 +97,28 @@ def test_chosen_cells_only_and_normalised(setup):
     torch.testing.assert_close(
         got[0, 2].double(), ((through_b(model, base, source, 2) - low) / (high - low)).float().double()
     )
+
+
+def test_a_receiver_is_not_frozen_at_its_receiving_site(setup):
+    """``b`` in ``freeze`` and receiving at its output: it receives, so the path through it stays open."""
+    model, base, source = setup
+    got = path_patching(model, base, source, "a", "b", metric, freeze=["b"], receiver_site="output", progress=False)
+    expected = torch.stack([through_b(model, base, source, p) for p in range(3)])
+    torch.testing.assert_close(got[0].double(), expected.float().double())
+
+
+def test_only_the_cells_sender_is_patched_and_cells_index_the_result(setup):
+    """Senders ``a`` and ``b`` (rows 0 and 1), nothing frozen, receiver ``r``: cell (1, 0) patches ``b`` alone."""
+    model, base, source = setup
+    got = path_patching(model, base, source, ["a", "b"], "r", metric, freeze=(), cells=[(1, 0), (0, 1)], progress=False)
+    with torch.no_grad():
+        h1 = model.a(base)
+        pre = model.b(base + h1)
+        pre[:, 0] = model.b(source + model.a(source))[:, 0]
+        by_b = metric(model.head((base + h1 + torch.tanh(pre)).cumsum(dim=1)))
+        h1_cell = h1_patched(model, base, source, 1)
+        by_a = metric(model.head((base + h1_cell + torch.tanh(model.b(base + h1_cell))).cumsum(dim=1)))
+    assert got.shape == (2, 3)
+    assert got.isnan().sum() == 4
+    torch.testing.assert_close(got[1, 0].double(), by_b.float().double())
+    torch.testing.assert_close(got[0, 1].double(), by_a.float().double())
