@@ -195,6 +195,7 @@ def test_positions_and_heads_keep_their_axes_and_chosen_order(setup):
 
 @pytest.mark.xfail(
     strict=True,
+    raises=RuntimeError,
     reason="bug: the graph starts at the first site (HookedRun.leaf switches grad mode on mid-forward), so an "
     "in-place update of a view made before it (h = Linear(x) on 3-D x, then h += ...) raises 'A view was created "
     "in no_grad mode and is being modified inplace with grad mode enabled'; the model runs fine on its own",
