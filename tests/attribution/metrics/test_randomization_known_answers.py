@@ -101,3 +101,22 @@ def test_ssim_is_nan_with_a_warning_below_11_pixels_a_side(size):
     with pytest.warns(UserWarning, match="smaller than SSIM's 11x11 window"):
         result = randomization_test(ramp, model, torch.randn(2, 2, 12, 13), [0, 1], layers=["4"])
     assert result.ssim.isnan().all()
+
+
+@pytest.mark.xfail(
+    strict=True,
+    raises=AssertionError,
+    reason="bug: the original maps are computed by running `method` on the user's model outside kept_state, so a "
+    "method that calls .backward() (the docstring's own saliency example) leaves .grad on the user's parameters, "
+    "though the docs say the user's model is never modified",
+)
+def test_the_users_model_keeps_its_grads_with_a_backward_method():
+    model = make_model()
+
+    def saliency(m: nn.Module, x: torch.Tensor, t) -> torch.Tensor:
+        x = x.clone().requires_grad_(True)
+        m(x)[torch.arange(len(x)), t].sum().backward()
+        return x.grad.abs().sum(dim=1)
+
+    randomization_test(saliency, model, torch.randn(2, 2, 12, 13), [0, 1], layers=["4"])
+    assert all(p.grad is None for p in model.parameters())
