@@ -209,3 +209,40 @@ def test_in_place_residual_update_of_a_view_made_before_the_first_site(site):
     model.zero_grad(set_to_none=True)
     got = attribution_patching(model, clean, corrupted, "norm", metric, site=site, progress=False)
     assert got.shape == (1, 3)
+
+
+class Twice(nn.Module):
+    """``a0 = shared(x)``, ``a1 = shared(tanh(a0))``, output ``down(cubic(a1) + a0)``: one module, two calls."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.shared = nn.Linear(4, 4)
+        self.act = Cubic()
+        self.down = nn.Linear(4, 2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        a0 = self.shared(x)
+        return self.down(self.act(self.shared(torch.tanh(a0))) + a0)
+
+
+@pytest.mark.parametrize("steps", [1, 3])
+def test_a_module_called_twice_gets_each_calls_gradient_with_the_other_call_held(steps):
+    """Patching a module patches all its calls, so each call's gradient holds the other call's value fixed: here
+    the first call's gradient is its direct path only; both calls move along their lines together."""
+    torch.manual_seed(7)
+    model = Twice().double().eval()
+    clean, corrupted = torch.randn(2, 3, 4, dtype=torch.float64), torch.randn(2, 3, 4, dtype=torch.float64)
+    got = attribution_patching(model, clean, corrupted, "shared", metric, ig_steps=steps, progress=False)
+    with torch.no_grad():
+        s0, t0 = model.shared(clean), model.shared(corrupted)
+        s1, t1 = model.shared(torch.tanh(s0)), model.shared(torch.tanh(t0))
+    mean0, mean1 = torch.zeros_like(t0), torch.zeros_like(t1)
+    for j in range(steps):
+        p0 = (t0 + j / steps * (s0 - t0)).requires_grad_(True)
+        p1 = (t1 + j / steps * (s1 - t1)).requires_grad_(True)
+        g0, g1 = torch.autograd.grad(metric(model.down(model.act(p1) + p0)), [p0, p1])
+        mean0, mean1 = mean0 + g0 / steps, mean1 + g1 / steps
+    with torch.no_grad():
+        base = metric(model(corrupted))
+    effect = ((s0 - t0) * mean0 + (s1 - t1) * mean1).sum(dim=(0, 2))
+    torch.testing.assert_close(got[0].double(), (base + effect).float().double(), rtol=1e-5, atol=1e-5)
