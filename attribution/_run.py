@@ -8,8 +8,8 @@ Every method that runs the model itself (the CAMs, rollout, the three patching s
   grad mode, each parameter's ``requires_grad`` and ``.grad``, and its hooks (one :class:`hooks.HookManager` group);
 * runs compiled models eagerly: PyTorch does not guard the hook dictionaries of compiled code, so a model compiled
   and run before our hooks existed would not see them;
-* starts the autograd graph at the first site (:meth:`HookedRun.leaf`): the backbone before it runs without
-  autograd, so nothing of its graph is kept;
+* starts the autograd graph at the first site (:meth:`HookedRun.leaf`): before it no parameter requires grad,
+  so the backbone records no graph;
 * words each error once (:func:`did_not_run`, :func:`no_dependence`, :meth:`HookedRun.forward`).
 """
 
@@ -334,6 +334,9 @@ class HookedRun:
     def __enter__(self) -> HookedRun:
         with ExitStack() as stack:
             stack.enter_context(kept_state(self.model))
+            if self.with_grad:  # nothing requires grad until the leaf: the backbone records no graph
+                for p in self.model.parameters():
+                    p.requires_grad_(False)
             manager = stack.enter_context(HookManager(self.model))
             self.group = manager.group(self.name, threads=self.threads)
             self._stack = stack.pop_all()
@@ -370,8 +373,14 @@ class HookedRun:
         return new
 
     def forward(self, inputs: Any) -> Any:
-        """Run the model without autograd (until :meth:`leaf`); errors from hooks and the model become one error."""
-        torch.set_grad_enabled(False)
+        """Run the model; errors from hooks and the model become one error.
+
+        Without gradients, autograd is off. With them it is on, but the parameters do not require grad (restored on
+        exit), so nothing is recorded before :meth:`leaf`: the backbone keeps no graph, and a view that the model
+        makes before the first site and updates in place after it is an ordinary view (under ``no_grad`` PyTorch
+        would refuse the in-place update).
+        """
+        torch.set_grad_enabled(self.with_grad)
         try:
             return call(self.model, inputs)
         except SiteError as exc:

@@ -111,7 +111,13 @@ def randomization_test(
     single = batched(inputs, model, images=True).single  # one (C, H, W) image: its (H, W) maps are a batch of one
     if target is None:
         target = top_classes(model, inputs)
-    original = _maps(method, model, inputs, target, None, single)
+    kept = [(p, p.grad, p.requires_grad) for p in model.parameters()]
+    try:  # a method that calls .backward() must not leave gradients on the user's model
+        original = _maps(method, model, inputs, target, None, single)
+    finally:
+        for p, grad, requires_grad in kept:
+            p.grad = grad
+            p.requires_grad_(requires_grad)
     maps = []
     randomised = copy.deepcopy(model)
     with torch.random.fork_rng(devices=_cuda_devices(model)):

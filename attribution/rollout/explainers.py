@@ -53,7 +53,7 @@ class _Rollout:
             return args[:3], {**kwargs, "need_weights": True, "average_attn_weights": False}
 
         def start_graph(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-            if not with_grad or run.started:
+            if not with_grad or (run.started and not in_backward()):  # a checkpoint's recomputation repeats the leaf
                 return None
             return run.leaf(args), run.leaf(kwargs)  # the backbone before the first attention keeps no graph
 

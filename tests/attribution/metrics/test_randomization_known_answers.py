@@ -103,13 +103,6 @@ def test_ssim_is_nan_with_a_warning_below_11_pixels_a_side(size):
     assert result.ssim.isnan().all()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=AssertionError,
-    reason="bug: the original maps are computed by running `method` on the user's model outside kept_state, so a "
-    "method that calls .backward() (the docstring's own saliency example) leaves .grad on the user's parameters, "
-    "though the docs say the user's model is never modified",
-)
 def test_the_users_model_keeps_its_grads_with_a_backward_method():
     model = make_model()
 
