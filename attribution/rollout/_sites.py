@@ -12,6 +12,8 @@ from torch import nn
 
 from hooks import ModuleTarget, resolve
 
+from .._run import SiteValueError
+
 
 @dataclass
 class AttentionSite:
@@ -123,11 +125,13 @@ def _last_stage(model: nn.Module) -> str | None:
 
 
 def check_self_attention(probs: torch.Tensor, name: str) -> None:
+    """Refuse attention from other queries than keys (cross-attention, CaiT's class attention)."""
     if probs.shape[-1] != probs.shape[-2]:
-        raise ValueError(
+        raise SiteValueError(
             f"the attention of {name!r} maps {probs.shape[-2]} queries to {probs.shape[-1]} keys: it is not "
-            "self-attention (an encoder-decoder's cross-attention?). Rollout chains self-attention only: pass "
-            "layers= with the self-attention modules"
+            "self-attention (an encoder-decoder's cross-attention, or a class-attention block where only the class "
+            "token queries, as in CaiT). Rollout chains self-attention only: pass `layers=` with the "
+            "self-attention modules (CaiT: layers='blocks.*.attn.attn_drop')"
         )
 
 

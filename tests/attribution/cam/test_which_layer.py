@@ -8,7 +8,17 @@ import warnings
 import pytest
 import torch
 
-from attribution import GradCAM, GradCAMPlusPlus, HiResCAM, LayerCAM, XGradCAM
+from attribution import (
+    AttentionRollout,
+    GradCAM,
+    GradCAMPlusPlus,
+    GradientRollout,
+    HiResCAM,
+    LayerCAM,
+    XGradCAM,
+    activation_patching,
+    attribution_patching,
+)
 
 timm = pytest.importorskip("timm")
 METHODS = (GradCAM, GradCAMPlusPlus, XGradCAM, HiResCAM, LayerCAM)
@@ -44,6 +54,25 @@ def test_recommended_layer_gives_real_maps_and_the_avoided_one_warns(family):
             assert torch.equal(maps.flatten(1).amax(1), torch.ones(2)), (family, method.__name__)
     with pytest.warns(UserWarning, match=r"zero|degenerate"):
         method_avoided(model, avoid, reshape=reshape if family == "Swin" else None)(x)
+    _patching_and_rollout(family, model, x, layer)
+
+
+def _patching_and_rollout(family: str, model: torch.nn.Module, x: torch.Tensor, layer: str) -> None:
+    """Patching and AtP at the layer give finite effects; rollout works where attention is global, else says why."""
+
+    def metric(output: torch.Tensor) -> torch.Tensor:
+        return output[:, 1].sum() - output[:, 2].sum()
+
+    corrupted = torch.randn(x.shape, generator=torch.Generator().manual_seed(3))
+    exact = activation_patching(model, x, corrupted, layer, metric, positions=False, progress=False)
+    estimate = attribution_patching(model, x, corrupted, layer, metric, positions=False)
+    assert exact.shape == estimate.shape == (1,) and bool(torch.isfinite(exact).all() & torch.isfinite(estimate).all())
+    if family in ("ViT", "DeiT"):
+        assert GradientRollout(model)(x, 1).shape == (2, 4, 4)
+        assert AttentionRollout(model)(x).shape == (2, 4, 4)
+    elif family in ("Swin", "MaxViT", "CoAtNet", "CaiT"):
+        with pytest.raises(ValueError, match=r"within windows|change size between layers|not self-attention"):
+            AttentionRollout(model)(x)
 
 
 def _shapes_task(n: int, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
