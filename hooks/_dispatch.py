@@ -268,7 +268,6 @@ class ModuleSlot:
         self.forward: tuple[HookHandle, ...] = ()
         self.backward: tuple[HookHandle, ...] = ()
         self.track = False  # calls are numbered when a hook asks for `call` or there are backward hooks
-        self.copy_inputs = bool(getattr(module, "inplace", False))  # in-place modules overwrite their input
         self._pending = _Pending()
         install_copy_filters(module)
 
@@ -316,9 +315,7 @@ class ModuleSlot:
             active = [h for h in self.backward if h.fires(thread)]
             if active:
                 record = BackwardCall(module, self.name, call, active, thread)
-                new_args, new_kwargs = record.take_inputs(args, kwargs, copy=self.copy_inputs)
-                if new_args is not args or new_kwargs is not kwargs:
-                    args, kwargs, changed = new_args, new_kwargs, True
+                record.take_inputs(args, kwargs)
                 if entry is not None and not replay:
                     entry.recorded = True  # replays of this call (non-reentrant checkpointing) need no record
             fired = fired or bool(active)
@@ -349,9 +346,7 @@ class ModuleSlot:
         if not fired and self.forward:
             self._check_threads(self.forward)
         if record is not None and record.module is module:
-            new_output, overwritten = record.take_outputs(output)
-            if overwritten:
-                self.copy_inputs = True
+            new_output = record.take_outputs(output)
             if record.fragile and not self.runs.keep_fragile(record):
                 record.fragile = []  # outside a forward of the model there is no end to check at
             if new_output is not output:

@@ -103,12 +103,14 @@ class HookGroup:
         """Call ``fn(module, grad_input, grad_output)`` once per forward call, when its gradients are known.
 
         ``grad_input[i]`` is the gradient, through this call only, of the i-th input leaf (the tensors of the
-        positional arguments, then of the keyword arguments, flattened in order; a tensor passed at several
-        positions gets its gradient through all of them at each); ``grad_output[j]`` that of the j-th output leaf
-        (a tensor, or the tensors of a tuple, dict or dataclass output). ``None`` where no gradient flows.
-        Unlike ``register_full_backward_hook`` this works with an in-place operation right after the module, with
-        modules called several times (one call per forward call), with gradient checkpointing (recomputed calls
-        are the calls they replay), with inputs that do not require grad and with keyword-only calls.
+        positional arguments, then of the keyword arguments, flattened in order; a tensor passed at several positions
+        gets its gradient through the call at the first and zeros at the others, so that they add up to it);
+        ``grad_output[j]`` that of the j-th output leaf (a tensor, or the tensors of a tuple, dict or dataclass
+        output). ``None`` where no gradient flows. Nothing is inserted between the caller's tensors and the module,
+        so parameter gradients are bitwise those of an unobserved run. Unlike ``register_full_backward_hook`` this
+        works with an in-place operation in or right after the module, with modules called several times (one call
+        per forward call), with gradient checkpointing (recomputed calls are the calls they replay), with inputs
+        that do not require grad and with keyword-only calls.
 
         A hook fires if it was active when the call ran (in the thread that ran it) and still is when the
         gradients arrive. Besides ``name`` and ``call``, it may take keyword-only ``args``, ``kwargs`` and
