@@ -296,7 +296,7 @@ class HookManager:
                         self._installed[id(slot.installed)] = slot.installed
                         self._install_model_hooks()
                     handle = HookHandle(
-                        group, kind, module, slot.name, fn, with_kwargs=with_kwargs, asks=asks, seq=next(self._seq)
+                        group, kind, module, module_name, fn, with_kwargs=with_kwargs, asks=asks, seq=next(self._seq)
                     )
                     if activate:
                         handle.activate()
