@@ -85,9 +85,9 @@ def _dispatch(self: Dispatch, module: nn.Module, *args: Any) -> Any:
     if self.phase == "model-pre":  # a forward of the manager's model starts
         target.model_starts(module)
         return None
-    for record in target.model_ends():  # "model-post", registered with always_call
-        if record.lost_outputs():
-            _warn_lost(record)
+    lost = [record for record in target.model_ends() if record.lost_outputs()]
+    if lost:
+        _warn_lost(lost)
     return None
 
 
@@ -121,11 +121,15 @@ def _dead() -> None:
     return None
 
 
-def _warn_lost(record: BackwardCall) -> None:
+def _warn_lost(records: list[BackwardCall]) -> None:
+    """One warning for every call of one forward whose output hooks an in-place write dropped."""
+    names = list(dict.fromkeys(f"{r.name!r}" if r.call == 0 else f"{r.name!r} (call {r.call})" for r in records))
+    shown = ", ".join(names[:5]) + (f" and {len(names) - 5} more" if len(names) > 5 else "")
     warnings.warn(
-        f"the output of {record.name!r} (call {record.call}) is a view of its input and was modified in place after "
-        "the call; PyTorch drops the tensor hooks of a view written in place, so its backward hooks will not fire "
-        "for this call (the model's results are unchanged). Hook a module whose output is not written in place.",
+        f"backward hooks will not fire in this forward for {len(names)} module call(s): {shown}. Each returned a "
+        "view of its input (an Identity, a dropout in eval mode) that was then modified in place (an in-place "
+        "activation after it); PyTorch drops the tensor hooks of a view written in place (the model's results are "
+        "unchanged). Hook the module that writes in place (e.g. the activation) instead, or make it not in place.",
         RuntimeWarning,
         stacklevel=2,
     )
