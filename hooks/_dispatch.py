@@ -314,6 +314,8 @@ class ModuleSlot:
     def run_pre(self, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         """Number the call, run the active forward pre-hooks in order, then prepare its backward record."""
         call, thread, entry, replay = self.runs.call_of(self, args, self.track)
+        if self.runs.compiled:
+            self.runs.local.dispatched += 1
         extras = {"name": self.name, "call": call}
         changed = fired = False
         for h in self.pre:
@@ -342,6 +344,8 @@ class ModuleSlot:
 
     def run_forward(self, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], output: Any) -> Any:
         """Run the active forward hooks in order, then hook the outputs of this call for its backward record."""
+        if self.runs.compiled:
+            self.runs.local.dispatched += 1
         record = None
         if self.track and self._pending is not None and self._pending.stack:
             call, thread, record = self._pending.stack.pop()

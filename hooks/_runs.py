@@ -28,6 +28,7 @@ import torch
 from torch import nn
 
 from ._backward import graph_task
+from ._compiled import hooks_did_not_run
 
 _HISTORY = 8  # forwards remembered for matching recomputed calls
 _CALL_IMPL = nn.Module._call_impl.__code__
@@ -65,6 +66,7 @@ class _Local(threading.local):
     counts: dict[object, int]  # calls so far in this run, per slot
     cursor: tuple[Run, int] | None = None  # the last call matched during a recomputation
     fragile: list[Any]  # backward records whose output hooks a later in-place write may drop
+    dispatched = 0  # module hooks of the manager that ran in this run (checked for compiled models)
 
     def __init__(self) -> None:
         self.counts = {}
@@ -91,6 +93,7 @@ class RunState:
     def __init__(self) -> None:
         self.local = _Local()
         self.history: deque[Run] = deque(maxlen=_HISTORY)
+        self.compiled = False  # the model is a torch.compile wrapper: a run where no module hook ran is an error
 
     # -- the model's forward -----------------------------------------------------------------------------------
     def model_starts(self, model: nn.Module) -> None:
@@ -102,6 +105,7 @@ class RunState:
             local.run = Run(threading.current_thread())
             local.counts = {}
             local.fragile = []
+            local.dispatched = 0
             self.history.append(local.run)
         local.depth += 1
 
@@ -110,6 +114,8 @@ class RunState:
         local = self.local
         local.depth = max(0, local.depth - 1)
         if local.depth == 0:
+            if self.compiled and local.dispatched == 0:
+                raise hooks_did_not_run()
             fragile, local.fragile = local.fragile, []
             return fragile
         return []
