@@ -49,6 +49,6 @@ def hooks_did_not_run() -> HookError:
         "the model is a torch.compile module that was compiled before these hooks were registered: its compiled code "
         "does not run Python hooks added later (PyTorch does not guard on module hooks), so nothing would be "
         "recorded. Register the hooks before the first call of the compiled model (hooked modules then run eagerly, "
-        "with graph breaks, and the model is compiled again when the hooks change), or hook and call the original "
-        "module `model._orig_mod`."
+        "between graph breaks), call torch.compiler.reset() after registering them (everything is compiled again), "
+        "or hook and call the original module `model._orig_mod`."
     )
