@@ -146,6 +146,10 @@ class BackwardCall:
             self.expected.update(("out", p[0]) for p in positions.values())
         return _tree.unflatten(leaves, spec) if replaced else output
 
+    def forget_inputs(self) -> None:
+        """Let go of the inputs and their autograd nodes (a forward that raised before its outputs were taken)."""
+        self.inputs, self.edges = {}, {}
+
     def _hook_consumers(self, outputs: list[torch.Tensor]) -> None:
         """Hook every node made by this call that sends a gradient to an input (found from the outputs' nodes)."""
         consumers: dict[int, tuple[Any, list[tuple[int, tuple[int, ...]]]]] = {}

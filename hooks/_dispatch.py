@@ -331,6 +331,7 @@ class ModuleSlot:
             if active:
                 record = BackwardCall(module, self.name, call, active, thread)
                 record.take_inputs(args, kwargs)
+                self.runs.keep_open(record)
                 if entry is not None and not replay:
                     entry.recorded = True  # replays of this call (non-reentrant checkpointing) need no record
             fired = fired or bool(active)

@@ -66,11 +66,13 @@ class _Local(threading.local):
     counts: dict[object, int]  # calls so far in this run, per slot
     cursor: tuple[Run, int] | None = None  # the last call matched during a recomputation
     fragile: list[Any]  # backward records whose output hooks a later in-place write may drop
+    open: list[Any]  # backward records of this run whose forward started (their inputs are held until it ends)
     dispatched = 0  # module hooks of the manager that ran in this run (checked for compiled models)
 
     def __init__(self) -> None:
         self.counts = {}
         self.fragile = []
+        self.open = []
 
 
 def first_tensor(args: tuple[Any, ...]) -> torch.Tensor | None:
@@ -106,6 +108,7 @@ class RunState:
             local.counts = {}
             local.fragile = []
             local.dispatched = 0
+            self._close_records()
             self.history.append(local.run)
         local.depth += 1
 
@@ -114,11 +117,23 @@ class RunState:
         local = self.local
         local.depth = max(0, local.depth - 1)
         if local.depth == 0:
+            self._close_records()
             if self.compiled and local.dispatched == 0:
                 raise hooks_did_not_run()
             fragile, local.fragile = local.fragile, []
             return fragile
         return []
+
+    def keep_open(self, record: Any) -> None:
+        """Remember a backward record whose forward started, to let go of its inputs if the forward never ends."""
+        if self.local.depth > 0:
+            self.local.open.append(record)
+
+    def _close_records(self) -> None:
+        """Forwards that raised between their two phases: drop what their records hold of the inputs' graphs."""
+        records, self.local.open = self.local.open, []
+        for record in records:
+            record.forget_inputs()
 
     def keep_fragile(self, record: Any) -> bool:
         """Remember a backward record to check when the forward of the model ends; whether there is one running."""
