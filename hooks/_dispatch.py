@@ -85,7 +85,7 @@ def _dispatch(self: Dispatch, module: nn.Module, *args: Any) -> Any:
     if self.phase == "model-pre":  # a forward of the manager's model starts
         target.model_starts(module)
         return None
-    lost = [record for record in target.model_ends() if record.lost_outputs()]
+    lost = [record for record in target.model_ends(module) if record.lost_outputs()]
     if lost:
         _warn_lost(lost)
     return None

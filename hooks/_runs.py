@@ -112,12 +112,12 @@ class RunState:
             self.history.append(local.run)
         local.depth += 1
 
-    def model_ends(self) -> list[Any]:
+    def model_ends(self, model: nn.Module) -> list[Any]:
         """A forward of the model ends; returns the fragile backward records of the run when it is the outermost."""
         local = self.local
         local.depth = max(0, local.depth - 1)
         if local.depth == 0:
-            self._close_records()
+            self._close_records(keep=model)
             if self.compiled and local.dispatched == 0:
                 raise hooks_did_not_run()
             fragile, local.fragile = local.fragile, []
@@ -129,11 +129,17 @@ class RunState:
         if self.local.depth > 0:
             self.local.open.append(record)
 
-    def _close_records(self) -> None:
-        """Forwards that raised between their two phases: drop what their records hold of the inputs' graphs."""
-        records, self.local.open = self.local.open, []
+    def _close_records(self, keep: nn.Module | None = None) -> None:
+        """Forwards that raised between their two phases: drop what their records hold of the inputs' graphs.
+
+        When the forward of the model ends, the model's own calls are kept (their forward hooks run after the
+        model's last hook): they are closed when the next forward of the model starts.
+        """
+        records = self.local.open
+        self.local.open = [r for r in records if r.module is keep]
         for record in records:
-            record.forget_inputs()
+            if record.module is not keep:
+                record.forget_inputs()
 
     def keep_fragile(self, record: Any) -> bool:
         """Remember a backward record to check when the forward of the model ends; whether there is one running."""
