@@ -1,28 +1,30 @@
 """Backward hooks that line up with the forward: the gradients of one forward call, gathered by tensor hooks.
 
-A :class:`BackwardCall` is made when a module with active backward hooks starts a call under autograd. It gives the
-module aliases of its inputs and hooks on its outputs, collects the gradients that arrive through them during a
-backward pass, and calls the hooks once per pass with ``grad_input`` and ``grad_output`` in the order of the call's
-input and output tensors.
+A :class:`BackwardCall` is made when a module with active backward hooks starts a call under autograd. It hooks the
+call's outputs and the autograd nodes of the call that consume its inputs, collects the gradients that arrive
+through them during a backward pass, and calls the hooks once per pass with ``grad_input`` and ``grad_output`` in
+the order of the call's input and output tensors.
 
-What the caller and the module see is the computation they would see without hooks:
+What the caller and the module see is the computation they would see without hooks, and autograd sums every gradient
+in the same order (parameter gradients are bitwise those of an unobserved run):
 
-* Inputs that require grad are replaced by a view of themselves (``x.view_as(x)``), one view per distinct tensor, so a
-  tensor passed as several arguments is still one object (``nn.MultiheadAttention`` checks ``query is key``). For a
-  module that writes into its input (``inplace=True``), the alias is a copy whose new value is written back into
-  the caller's tensor after the call, and the module returns the caller's tensor as it would have.
-* Outputs are hooked as they are, except a parameter returned as is (hooked through a view, so no hook stays on it)
-  and outputs with storage of their own that must be separated from each other or that are views (passed on as
-  copies: the same values, and their gradient then comes only from what the caller does with them). An output
-  sharing storage with an input (an identity, ``Flatten``, a dropout in eval mode) is never copied: the caller may
-  write into it and expect the write to reach the input.
+* Inputs are passed on as they are. After the forward, the nodes made by the call (autograd sequence numbers at
+  least the one at the start of the call) that send a gradient to an input are found from the outputs' nodes, and
+  each gets a post-hook: the input's gradient through this call is the sum of what those nodes send it. A tensor
+  passed at several positions (``attn(h, h, h)``) stays one object, so a module takes the path it would take (the
+  packed projection of ``nn.MultiheadAttention``); its gradient is given once, at its first position, with zeros at
+  the others, so that the positions add up to the gradient through the call.
+* Outputs are hooked as they are, except an input returned unchanged (an identity, a dropout in eval mode: passed
+  on as a view of itself, so that its gradient is told apart from the input's other uses), a parameter returned as
+  is (hooked through a view, so no hook stays on it) and outputs with storage of their own that must be separated
+  from each other or that are views (passed on as copies). Those are the only nodes observation adds; a view or copy
+  passes its gradient on unchanged, so only the identity case can regroup a sum (when the input is also used by
+  two or more others), by the last bit.
 """
 
 from __future__ import annotations
 
 import threading
-import warnings
-import weakref
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -53,8 +55,8 @@ class BackwardCall:
     """The gradients of one forward call of one module, handed to its backward hooks once per backward pass."""
 
     __slots__ = (
-        "aliases", "arrived", "call", "expected", "extras", "fired", "fragile", "grad_in", "grad_out", "handles",
-        "input_storages", "module", "name", "task", "thread",
+        "arrivals", "arrived", "call", "edges", "expected", "extras", "fired", "fragile", "grad_in", "grad_out",
+        "handles", "input_storages", "inputs", "module", "name", "pending", "start", "task", "thread",
     )  # fmt: skip
 
     def __init__(
@@ -69,9 +71,13 @@ class BackwardCall:
         self.grad_out: list[torch.Tensor | None] = []
         self.expected: set[tuple[str, int]] = set()
         self.arrived: set[tuple[str, int]] = set()
-        # (positions, weak ref to the alias, its version, the caller's tensor if the alias is a copy): weak, so that
-        # a record left behind by a forward that raised does not keep the input's graph alive
-        self.aliases: list[tuple[tuple[int, ...], weakref.ref[torch.Tensor], int, torch.Tensor | None]] = []
+        # between the two phases of the forward: each input that requires grad (its version, its positions) and the
+        # autograd edge its gradient arrives through
+        self.inputs: dict[int, tuple[torch.Tensor, int, list[int]]] = {}
+        self.edges: dict[tuple[int, int], tuple[Any, tuple[int, ...]]] = {}
+        self.start = 0  # the autograd sequence number when the call started: nodes made by the call have larger ones
+        self.pending: dict[int, int] = {}  # input position -> how many of the call's nodes send it a gradient
+        self.arrivals: dict[int, int] = {}  # input position -> how many of them did so in this pass
         self.input_storages: set[int] = set()
         self.fragile: list[tuple[torch.Tensor, int]] = []  # outputs that are views of an input, until the forward ends
         self.fired = False
@@ -82,49 +88,30 @@ class BackwardCall:
             self.extras = {"name": name, "call": call}
 
     # -- forward side ----------------------------------------------------------------------------------------------
-    def take_inputs(
-        self, args: tuple[Any, ...], kwargs: dict[str, Any], *, copy: bool
-    ) -> tuple[tuple[Any, ...], dict[str, Any]]:
-        """Alias the inputs that require grad and hook the aliases; return the (possibly new) args and kwargs."""
-        leaves, spec = _tree.flatten((args, kwargs))
+    def take_inputs(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        """Note where the gradient of each input that requires grad will arrive; the inputs are passed on as they are.
+
+        Nothing is put between the caller's tensors and the module: the gradient of an input through this call is
+        read, after the forward, on the autograd nodes of the call that consume it (see :meth:`take_outputs`), so
+        autograd sums a tensor's gradients in the order it would without hooks.
+        """
+        leaves, _ = _tree.flatten((args, kwargs))
         self.grad_in = [None] * len(leaves)
         if "args" in self.extras:
             self.extras["args"], self.extras["kwargs"] = args, kwargs
-        positions: dict[int, list[int]] = {}
         for i, leaf in enumerate(leaves):
             if isinstance(leaf, torch.Tensor):
                 self.input_storages.add(_storage(leaf))
                 if leaf.requires_grad:
-                    positions.setdefault(id(leaf), []).append(i)
-        if not positions:
-            return args, kwargs
-        for where in positions.values():
-            leaf = leaves[where[0]]
-            alias = leaf.clone() if copy else leaf.view_as(leaf)
-            alias.register_hook(_Collect(self, "in", tuple(where)))
-            self.aliases.append((tuple(where), weakref.ref(alias), alias._version, leaf if copy else None))
-            self.expected.add(("in", where[0]))
-            for i in where:
-                leaves[i] = alias
-        new_args, new_kwargs = _tree.unflatten(leaves, spec)
-        return tuple(new_args), dict(new_kwargs)
+                    self.inputs.setdefault(id(leaf), (leaf, leaf._version, []))[2].append(i)
+        for leaf, _, where in self.inputs.values():
+            node, nr = _gradient_edge(leaf)
+            self.edges[id(node), nr] = (node, tuple(where))
+        self.start = _sequence_nr()
 
-    def take_outputs(self, output: Any) -> tuple[Any, bool]:
-        """Hook the output tensors; return the output to pass on and whether the module wrote into an input view."""
-        written_back: dict[int, torch.Tensor] = {}
-        overwritten: list[int] = []
-        for where, ref, version, original in self.aliases:
-            alias = ref()
-            if alias is None or alias._version == version:
-                continue
-            if original is None:  # a view: the write reached the caller's tensor, but the view's hook is lost
-                overwritten.extend(where)
-                self.expected.discard(("in", where[0]))
-            else:  # a copy: give the caller's tensor the value the module wrote, as without hooks
-                original.copy_(alias)
-                written_back[id(alias)] = original
-        aliases = {id(ref()) for _, ref, _, _ in self.aliases}
-        self.aliases = []
+    def take_outputs(self, output: Any) -> Any:
+        """Hook the output tensors and the nodes that consume the inputs; return the output to pass on."""
+        inputs, self.inputs = self.inputs, {}
         leaves, spec = _tree.flatten(output)
         self.grad_out = [None] * len(leaves)
         if "output" in self.extras:
@@ -134,40 +121,59 @@ class BackwardCall:
             if isinstance(leaf, torch.Tensor) and leaf.requires_grad:
                 positions.setdefault(id(leaf), []).append(j)
         replaced = False
-        returned_aliases = set()
         for positions_of_leaf in positions.values():
             where = tuple(positions_of_leaf)
             leaf = leaves[where[0]]
-            if id(leaf) in aliases:
-                returned_aliases.add(where[0])
-            if id(leaf) in written_back:  # an in-place module returns the caller's tensor itself
-                leaf = written_back[id(leaf)]
-            elif _storage(leaf) in self.input_storages:  # shares memory with an input: never a copy
-                if len(positions) > 1:  # a view of itself separates it from the other outputs, memory still shared
-                    leaf = leaf.view_as(leaf)
-                if leaf._is_view():
-                    self.fragile.append((leaf, leaf._version))
+            unchanged_input = id(leaf) in inputs and inputs[id(leaf)][1] == leaf._version
+            if unchanged_input or (len(positions) > 1 and _storage(leaf) in self.input_storages):
+                leaf = leaf.view_as(leaf)  # an input returned as is: its own gradient, told apart from other uses
+            elif _storage(leaf) in self.input_storages or id(leaf) in inputs:
+                pass  # shares memory with an input (or is one, written in place): never a copy
             elif leaf.is_leaf:  # a parameter returned as is: no hook may stay on it
                 leaf = leaf.view_as(leaf)
             elif len(positions) > 1 or leaf._is_view():
                 leaf = leaf.clone()
+            if leaf._is_view() and _storage(leaf) in self.input_storages:
+                self.fragile.append((leaf, leaf._version))
             if leaf is not leaves[where[0]]:
                 replaced = True
                 for j in where:
                     leaves[j] = leaf
-            leaf.register_hook(_Collect(self, "out", tuple(where)))
-        if overwritten:
-            warnings.warn(
-                f"module {self.name!r} modified its input in place; grad_input for this call is None at "
-                f"position(s) {overwritten}. Later calls copy the input first, so their gradients are complete.",
-                RuntimeWarning,
-                stacklevel=2,
-            )
-        if not any(key[0] == "in" for key in self.expected):
-            self.expected.update(("out", where[0]) for where in positions.values())
-        else:  # an input returned as it is: its gradient as an output arrives through the same tensor
-            self.expected.update(("out", j) for j in returned_aliases)
-        return (_tree.unflatten(leaves, spec) if replaced else output), bool(overwritten)
+            leaf.register_hook(_Collect(self, "out", where))
+        if self.edges:
+            self._hook_consumers([leaves[p[0]] for p in positions.values()])
+        if not self.pending:  # no input gradient to wait for: the call is complete when its outputs' gradients are
+            self.expected.update(("out", p[0]) for p in positions.values())
+        return _tree.unflatten(leaves, spec) if replaced else output
+
+    def forget_inputs(self) -> None:
+        """Let go of the inputs and their autograd nodes (a forward that raised before its outputs were taken)."""
+        self.inputs, self.edges = {}, {}
+
+    def _hook_consumers(self, outputs: list[torch.Tensor]) -> None:
+        """Hook every node made by this call that sends a gradient to an input (found from the outputs' nodes)."""
+        consumers: dict[int, tuple[Any, list[tuple[int, tuple[int, ...]]]]] = {}
+        seen: set[int] = set()
+        stack = [t.grad_fn for t in outputs if t.grad_fn is not None]
+        while stack:
+            node = stack.pop()
+            if id(node) in seen:
+                continue
+            seen.add(id(node))
+            for k, (child, nr) in enumerate(node.next_functions):
+                if child is None:
+                    continue
+                edge = self.edges.get((id(child), nr))
+                if edge is not None:
+                    consumers.setdefault(id(node), (node, []))[1].append((k, edge[1]))
+                elif id(child) not in seen and child._sequence_nr() >= self.start:
+                    stack.append(child)
+        self.edges = {}
+        for node, slots in consumers.values():
+            for _, where in slots:
+                self.pending[where[0]] = self.pending.get(where[0], 0) + 1
+            node.register_hook(_CollectInputs(self, tuple(slots)))
+        self.expected.update(("in", first) for first in self.pending)
 
     def lost_outputs(self) -> bool:
         """Whether an output that is a view of an input was written in place through a view (dropping its hooks).
@@ -184,15 +190,34 @@ class BackwardCall:
 
     # -- backward side -------------------------------------------------------------------------------------------
     def collect(self, side: str, where: tuple[int, ...], grad: torch.Tensor) -> None:
-        """Store one gradient; fire when the expected ones are in, else at the end of this backward pass."""
+        """Store an output's gradient; fire when the expected ones are in, else at the end of this backward pass."""
+        self._start_pass()
+        for i in where:
+            self.grad_out[i] = grad
+        self._arrive(("out", where[0]))
+
+    def collect_input(self, where: tuple[int, ...], grad: torch.Tensor | None) -> None:
+        """Add one node's share of an input's gradient; the input is complete when each of its nodes has sent one."""
+        self._start_pass()
+        first = where[0]
+        if grad is not None:
+            held = self.grad_in[first]
+            self.grad_in[first] = grad if held is None else held + grad
+        self.arrivals[first] = self.arrivals.get(first, 0) + 1
+        if self.arrivals[first] == self.pending.get(first, 0):
+            total = self.grad_in[first]
+            for i in where[1:]:  # the same tensor at other positions: its gradient is given once, at the first
+                self.grad_in[i] = None if total is None else torch.zeros_like(total)
+            self._arrive(("in", first))
+
+    def _start_pass(self) -> None:
         task = graph_task()
         if task != self.task:  # a new backward pass (also after one that was aborted by an exception)
             self._reset(task)
             torch.autograd.Variable._execution_engine.queue_callback(self.end_of_pass)
-        store = self.grad_in if side == "in" else self.grad_out
-        for i in where:
-            store[i] = grad
-        self.arrived.add((side, where[0]))
+
+    def _arrive(self, key: tuple[str, int]) -> None:
+        self.arrived.add(key)
         if not self.fired and self.expected <= self.arrived:
             self.fire()
 
@@ -216,8 +241,31 @@ class BackwardCall:
         self.task = task
         self.fired = False
         self.arrived = set()
+        self.arrivals = {}
         self.grad_in = [None] * len(self.grad_in)
         self.grad_out = [None] * len(self.grad_out)
+
+
+def _gradient_edge(t: torch.Tensor) -> tuple[Any, int]:
+    """The autograd node (and its output index) that receives the gradient of ``t``."""
+    edge = torch.autograd.graph.get_gradient_edge(t)
+    return edge.node, edge.output_nr
+
+
+_sequence_nr: Any = getattr(torch._C._autograd, "_get_sequence_nr", lambda: 0)  # 0: walk the whole graph
+
+
+class _CollectInputs:
+    """Post-hook of one autograd node of a call: passes on its gradients for the call's inputs (never changes them)."""
+
+    __slots__ = ("record", "slots")
+
+    def __init__(self, record: BackwardCall, slots: tuple[tuple[int, tuple[int, ...]], ...]) -> None:
+        self.record, self.slots = record, slots
+
+    def __call__(self, grad_inputs: tuple[torch.Tensor | None, ...], grad_outputs: Any) -> None:
+        for k, where in self.slots:
+            self.record.collect_input(where, grad_inputs[k])
 
 
 class _Collect:

@@ -85,9 +85,9 @@ def _dispatch(self: Dispatch, module: nn.Module, *args: Any) -> Any:
     if self.phase == "model-pre":  # a forward of the manager's model starts
         target.model_starts(module)
         return None
-    for record in target.model_ends():  # "model-post", registered with always_call
-        if record.lost_outputs():
-            _warn_lost(record)
+    lost = [record for record in target.model_ends(module) if record.lost_outputs()]
+    if lost:
+        _warn_lost(lost)
     return None
 
 
@@ -121,11 +121,15 @@ def _dead() -> None:
     return None
 
 
-def _warn_lost(record: BackwardCall) -> None:
+def _warn_lost(records: list[BackwardCall]) -> None:
+    """One warning for every call of one forward whose output hooks an in-place write dropped."""
+    names = list(dict.fromkeys(f"{r.name!r}" if r.call == 0 else f"{r.name!r} (call {r.call})" for r in records))
+    shown = ", ".join(names[:5]) + (f" and {len(names) - 5} more" if len(names) > 5 else "")
     warnings.warn(
-        f"the output of {record.name!r} (call {record.call}) is a view of its input and was modified in place after "
-        "the call; PyTorch drops the tensor hooks of a view written in place, so its backward hooks will not fire "
-        "for this call (the model's results are unchanged). Hook a module whose output is not written in place.",
+        f"backward hooks will not fire in this forward for {len(names)} module call(s): {shown}. Each returned a "
+        "view of its input (an Identity, a dropout in eval mode) that was then modified in place (an in-place "
+        "activation after it); PyTorch drops the tensor hooks of a view written in place (the model's results are "
+        "unchanged). Hook the module that writes in place (e.g. the activation) instead, or make it not in place.",
         RuntimeWarning,
         stacklevel=2,
     )
@@ -211,33 +215,39 @@ def _drop_copy_filters(module: nn.Module) -> None:
 
 
 class Installed:
-    """What a slot put on its module: PyTorch handles and a weak reference to the module, nothing of the manager.
+    """What a slot put on its module: the ids of its PyTorch hooks and a weak reference to the module.
 
     A manager's finaliser holds these objects (and only these), so it can clean a module without keeping the
-    manager alive.
+    manager alive. The hooks are kept by id, not by PyTorch's ``RemovableHandle`` (an object and three weak
+    references each), so that a registration leaves little for the garbage collector to walk.
     """
 
     __slots__ = ("handles", "module_ref")
 
     def __init__(self, module: nn.Module) -> None:
         self.module_ref = weakref.ref(module)
-        self.handles: dict[str, RemovableHandle] = {}
+        self.handles: dict[str, int] = {}  # str -> int only: a dict the garbage collector does not track
+
+    def add(self, key: str, handle: RemovableHandle) -> None:
+        """Keep the id of a hook just registered on the module."""
+        self.handles[key] = handle.id
 
     def release(self) -> None:
         """Remove the PyTorch hooks and, when no manager's dispatcher is left on the module, the copy filters."""
-        for handle in self.handles.values():
-            handle.remove()
-        self.handles.clear()
         module = self.module_ref()
         if module is not None:
+            for hook_id in self.handles.values():
+                for attr in (*_HOOK_DICTS, *_ID_DICTS):
+                    getattr(module, attr, {}).pop(hook_id, None)
             _drop_copy_filters(module)
+        self.handles.clear()
 
 
 def install_model_hooks(model: nn.Module, runs: RunState) -> Installed:
     """The pre-hook (first in line) and hook (always called) that tell ``runs`` when a forward of the model starts."""
     installed = Installed(model)
-    installed.handles["model-pre"] = model.register_forward_pre_hook(Dispatch(runs, "model-pre"), prepend=True)
-    installed.handles["model-post"] = model.register_forward_hook(Dispatch(runs, "model-post"), always_call=True)
+    installed.add("model-pre", model.register_forward_pre_hook(Dispatch(runs, "model-pre"), prepend=True))
+    installed.add("model-post", model.register_forward_hook(Dispatch(runs, "model-post"), always_call=True))
     install_copy_filters(model)
     return installed
 
@@ -259,6 +269,7 @@ class ModuleSlot:
     """
 
     _ATTR: ClassVar[dict[str, str]] = {"forward_pre": "pre", "forward": "forward", "backward": "backward"}
+    __slots__ = ("__weakref__", "_pending", "backward", "forward", "installed", "name", "pre", "runs", "track")
 
     def __init__(self, module: nn.Module, name: str, runs: RunState) -> None:
         self.name = name
@@ -268,8 +279,7 @@ class ModuleSlot:
         self.forward: tuple[HookHandle, ...] = ()
         self.backward: tuple[HookHandle, ...] = ()
         self.track = False  # calls are numbered when a hook asks for `call` or there are backward hooks
-        self.copy_inputs = bool(getattr(module, "inplace", False))  # in-place modules overwrite their input
-        self._pending = _Pending()
+        self._pending: _Pending | None = None  # made when calls are tracked (one per slot and thread is costly)
         install_copy_filters(module)
 
     # -- bookkeeping -------------------------------------------------------------------------------------------
@@ -282,12 +292,14 @@ class ModuleSlot:
         setattr(self, self._ATTR[kind], tuple(sorted(entries, key=lambda h: (-h.group.priority, h.seq))))
         everything = self.pre + self.forward + self.backward
         self.track = bool(self.backward) or any("call" in h.asks for h in everything)
+        if self.track and self._pending is None:
+            self._pending = _Pending()
         module = self.installed.module_ref()
         handles = self.installed.handles
         if module is not None and (self.pre or self.track) and "pre" not in handles:
-            handles["pre"] = module.register_forward_pre_hook(Dispatch(self, "pre"), with_kwargs=True)
+            self.installed.add("pre", module.register_forward_pre_hook(Dispatch(self, "pre"), with_kwargs=True))
         if module is not None and (self.forward or self.backward) and "forward" not in handles:
-            handles["forward"] = module.register_forward_hook(Dispatch(self, "forward"), with_kwargs=True)
+            self.installed.add("forward", module.register_forward_hook(Dispatch(self, "forward"), with_kwargs=True))
 
     def add(self, handle: HookHandle) -> None:
         """Insert ``handle`` at its place: group priority, then registration order."""
@@ -302,6 +314,8 @@ class ModuleSlot:
     def run_pre(self, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         """Number the call, run the active forward pre-hooks in order, then prepare its backward record."""
         call, thread, entry, replay = self.runs.call_of(self, args, self.track)
+        if self.runs.compiled:
+            self.runs.local.dispatched += 1
         extras = {"name": self.name, "call": call}
         changed = fired = False
         for h in self.pre:
@@ -316,15 +330,14 @@ class ModuleSlot:
             active = [h for h in self.backward if h.fires(thread)]
             if active:
                 record = BackwardCall(module, self.name, call, active, thread)
-                new_args, new_kwargs = record.take_inputs(args, kwargs, copy=self.copy_inputs)
-                if new_args is not args or new_kwargs is not kwargs:
-                    args, kwargs, changed = new_args, new_kwargs, True
+                record.take_inputs(args, kwargs)
+                self.runs.keep_open(record)
                 if entry is not None and not replay:
                     entry.recorded = True  # replays of this call (non-reentrant checkpointing) need no record
             fired = fired or bool(active)
         if not fired and self.pre + self.backward:
             self._check_threads(self.pre + self.backward)
-        if self.track:
+        if self.track and self._pending is not None:
             stack = self._pending.stack
             stack.append((call, thread, record))
             del stack[:-_MAX_PENDING]  # calls whose forward raised never pop theirs
@@ -332,8 +345,10 @@ class ModuleSlot:
 
     def run_forward(self, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], output: Any) -> Any:
         """Run the active forward hooks in order, then hook the outputs of this call for its backward record."""
+        if self.runs.compiled:
+            self.runs.local.dispatched += 1
         record = None
-        if self.track and self._pending.stack:
+        if self.track and self._pending is not None and self._pending.stack:
             call, thread, record = self._pending.stack.pop()
         else:
             call, thread = 0, threading.current_thread()
@@ -349,9 +364,7 @@ class ModuleSlot:
         if not fired and self.forward:
             self._check_threads(self.forward)
         if record is not None and record.module is module:
-            new_output, overwritten = record.take_outputs(output)
-            if overwritten:
-                self.copy_inputs = True
+            new_output = record.take_outputs(output)
             if record.fragile and not self.runs.keep_fragile(record):
                 record.fragile = []  # outside a forward of the model there is no end to check at
             if new_output is not output:

@@ -8,7 +8,6 @@ with the arguments of its kind, checking what it returns) and ``remove``.
 
 from __future__ import annotations
 
-import functools
 import inspect
 import threading
 import weakref
@@ -111,15 +110,16 @@ class HookHandle:
         group: the :class:`HookGroup` it belongs to.
         kind: ``"forward"``, ``"forward_pre"`` or ``"backward"``.
         module: the hooked module.
-        module_name: its qualified name in the manager's model (or a made-up name without a model).
+        module_name: the name it was registered under (a module under two names keeps the one asked for; a made-up
+            name without a model).
         fn: the user's function.
         seq: registration order within the manager.
         removed: whether it was removed.
     """
 
     __slots__ = (
-        "__weakref__", "_global", "_on", "_threads", "asks", "fn", "group", "invoke", "kind", "module", "module_name",
-        "removed", "seq",
+        "__weakref__", "_global", "_on", "_threads", "asks", "fn", "group", "kind", "module", "module_name",
+        "removed", "seq", "with_kwargs",
     )  # fmt: skip
 
     def __init__(
@@ -145,9 +145,54 @@ class HookHandle:
         self._global = group.threads == "all"
         self._on = False  # active everywhere (threads="all" groups only)
         self._threads: set[threading.Thread] = set()  # the threads it is active in (other groups)
-        self.invoke = _invoker(
-            kind, fn, with_kwargs, asks, functools.partial(_describe, kind, fn, group.name, module_name)
-        )
+        self.with_kwargs = with_kwargs
+
+    # -- calling ----------------------------------------------------------------------------------------------
+    def invoke(self, module: nn.Module, *args: Any) -> Any:
+        """Call the user's function with the arguments of its kind and the extras it asks for.
+
+        ``forward``: ``invoke(module, args, kwargs, output, extras) -> new output or None``; ``forward_pre``:
+        ``invoke(module, args, kwargs, extras) -> (args, kwargs) or None``; ``backward``:
+        ``invoke(module, grad_input, grad_output, extras)``, where ``extras`` maps every name of :data:`EXTRAS` to its
+        value for this call (only those in ``asks`` are passed on). ``name`` is the name this handle was registered
+        under, also when the manager knows the module under another (a module reachable under two names).
+
+        A method rather than a closure made per handle: registering a hook leaves no function objects for the garbage
+        collector to walk.
+        """
+        *positional, extras = args
+        chosen = {k: (self.module_name if k == "name" else extras[k]) for k in self.asks} if self.asks else {}
+        kind = self.kind
+        if kind == "forward":
+            a, kw, output = positional
+            return (
+                self.fn(module, a, kw, output, **chosen) if self.with_kwargs else self.fn(module, a, output, **chosen)
+            )
+        if kind == "forward_pre":
+            return self._pre(module, positional[0], positional[1], chosen)
+        result = self.fn(module, positional[0], positional[1], **chosen)
+        if result is not None:
+            raise HookError(
+                f"{self.describe()} returned {type(result).__name__}; backward hooks observe gradients and must return "
+                "None (to change gradients, register a tensor hook on the output in a forward hook)"
+            )
+        return None
+
+    def _pre(self, module: nn.Module, args: Any, kwargs: Any, chosen: dict[str, Any]) -> Any:
+        if self.with_kwargs:
+            result = self.fn(module, args, kwargs, **chosen)
+            if result is None:
+                return None
+            if not (isinstance(result, tuple) and len(result) == 2 and isinstance(result[1], dict)):
+                raise HookError(
+                    f"{self.describe()} (with_kwargs=True) must return None or (args, kwargs); "
+                    f"got {type(result).__name__}"
+                )
+            return tuple(result[0]), result[1]
+        result = self.fn(module, args, **chosen)
+        if result is None:
+            return None
+        return (result if isinstance(result, tuple) else (result,)), kwargs
 
     # -- activation --------------------------------------------------------------------------------------------
     def fires(self, thread: threading.Thread) -> bool:
@@ -212,56 +257,3 @@ class HookHandle:
 def _describe(kind: str, fn: Callable[..., Any], group: str, module_name: str) -> str:
     label = {"forward": "forward hook", "forward_pre": "forward pre-hook", "backward": "backward hook"}[kind]
     return f"{label} {function_name(fn)!r} of group {group!r} on {module_name or '<model>'!r}"
-
-
-def _invoker(
-    kind: str, fn: Callable[..., Any], with_kwargs: bool, asks: tuple[str, ...], where: Callable[[], str]
-) -> Any:
-    """The function the dispatcher calls for one handle, with the arguments of its kind and the extras it asks for.
-
-    ``forward``: ``invoke(module, args, kwargs, output, extras) -> new output or None``; ``forward_pre``:
-    ``invoke(module, args, kwargs, extras) -> (args, kwargs) or None``; ``backward``:
-    ``invoke(module, grad_input, grad_output, extras)`` where ``extras`` maps every name of :data:`EXTRAS` to its
-    value for this call (only those in ``asks`` are passed on).
-    """
-    plain = not asks
-
-    if kind == "forward":
-        if plain and not with_kwargs:
-            return lambda module, args, kwargs, output, extras: fn(module, args, output)
-
-        def forward(module: nn.Module, args: Any, kwargs: Any, output: Any, extras: dict[str, Any]) -> Any:
-            chosen = {k: extras[k] for k in asks}
-            return fn(module, args, kwargs, output, **chosen) if with_kwargs else fn(module, args, output, **chosen)
-
-        return forward
-
-    if kind == "forward_pre":
-
-        def pre(module: nn.Module, args: Any, kwargs: Any, extras: dict[str, Any]) -> Any:
-            chosen = {k: extras[k] for k in asks}
-            if with_kwargs:
-                result = fn(module, args, kwargs, **chosen)
-                if result is None:
-                    return None
-                if not (isinstance(result, tuple) and len(result) == 2 and isinstance(result[1], dict)):
-                    raise HookError(
-                        f"{where()} (with_kwargs=True) must return None or (args, kwargs); got {type(result).__name__}"
-                    )
-                return tuple(result[0]), result[1]
-            result = fn(module, args, **chosen)
-            if result is None:
-                return None
-            return (result if isinstance(result, tuple) else (result,)), kwargs
-
-        return pre
-
-    def backward(module: nn.Module, grad_input: Any, grad_output: Any, extras: dict[str, Any]) -> None:
-        result = fn(module, grad_input, grad_output, **{k: extras[k] for k in asks})
-        if result is not None:
-            raise HookError(
-                f"{where()} returned {type(result).__name__}; backward hooks observe gradients and must return None "
-                "(to change gradients, register a tensor hook on the output in a forward hook)"
-            )
-
-    return backward

@@ -9,6 +9,7 @@ from typing import Union
 
 from torch import nn
 
+from ._compiled import unwrap_compiled
 from ._errors import ModuleNotFoundInModelError
 
 ModuleTarget = Union[str, nn.Module, type, Sequence["ModuleTarget"]]  # noqa: UP007 (a recursive alias needs Union on 3.10)
@@ -20,12 +21,14 @@ _GLOB_CHARS = frozenset("*?[")
 def module_names(model: nn.Module) -> list[str]:
     """Qualified names of every module in ``model``, in ``named_modules()`` order (the root is ``""``).
 
+    For a ``torch.compile`` wrapper, the names of the module it wraps (those a :class:`HookManager` of it takes).
+
     Example:
         >>> import torch
         >>> module_names(torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.ReLU()))
         ['', '0', '1']
     """
-    return [name for name, _ in model.named_modules(remove_duplicate=False)]
+    return [name for name, _ in unwrap_compiled(model).named_modules(remove_duplicate=False)]
 
 
 def _close_matches(name: str, names: list[str]) -> list[str]:

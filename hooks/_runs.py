@@ -28,6 +28,7 @@ import torch
 from torch import nn
 
 from ._backward import graph_task
+from ._compiled import hooks_did_not_run
 
 _HISTORY = 8  # forwards remembered for matching recomputed calls
 _CALL_IMPL = nn.Module._call_impl.__code__
@@ -65,10 +66,13 @@ class _Local(threading.local):
     counts: dict[object, int]  # calls so far in this run, per slot
     cursor: tuple[Run, int] | None = None  # the last call matched during a recomputation
     fragile: list[Any]  # backward records whose output hooks a later in-place write may drop
+    open: list[Any]  # backward records of this run whose forward started (their inputs are held until it ends)
+    dispatched = 0  # module hooks of the manager that ran in this run (checked for compiled models)
 
     def __init__(self) -> None:
         self.counts = {}
         self.fragile = []
+        self.open = []
 
 
 def first_tensor(args: tuple[Any, ...]) -> torch.Tensor | None:
@@ -91,6 +95,7 @@ class RunState:
     def __init__(self) -> None:
         self.local = _Local()
         self.history: deque[Run] = deque(maxlen=_HISTORY)
+        self.compiled = False  # the model is a torch.compile wrapper: a run where no module hook ran is an error
 
     # -- the model's forward -----------------------------------------------------------------------------------
     def model_starts(self, model: nn.Module) -> None:
@@ -102,17 +107,39 @@ class RunState:
             local.run = Run(threading.current_thread())
             local.counts = {}
             local.fragile = []
+            local.dispatched = 0
+            self._close_records()
             self.history.append(local.run)
         local.depth += 1
 
-    def model_ends(self) -> list[Any]:
+    def model_ends(self, model: nn.Module) -> list[Any]:
         """A forward of the model ends; returns the fragile backward records of the run when it is the outermost."""
         local = self.local
         local.depth = max(0, local.depth - 1)
         if local.depth == 0:
+            self._close_records(keep=model)
+            if self.compiled and local.dispatched == 0:
+                raise hooks_did_not_run()
             fragile, local.fragile = local.fragile, []
             return fragile
         return []
+
+    def keep_open(self, record: Any) -> None:
+        """Remember a backward record whose forward started, to let go of its inputs if the forward never ends."""
+        if self.local.depth > 0:
+            self.local.open.append(record)
+
+    def _close_records(self, keep: nn.Module | None = None) -> None:
+        """Forwards that raised between their two phases: drop what their records hold of the inputs' graphs.
+
+        When the forward of the model ends, the model's own calls are kept (their forward hooks run after the
+        model's last hook): they are closed when the next forward of the model starts.
+        """
+        records = self.local.open
+        self.local.open = [r for r in records if r.module is keep]
+        for record in records:
+            if record.module is not keep:
+                record.forget_inputs()
 
     def keep_fragile(self, record: Any) -> bool:
         """Remember a backward record to check when the forward of the model ends; whether there is one running."""

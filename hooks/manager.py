@@ -25,6 +25,7 @@ from typing import Any, Literal
 
 from torch import nn
 
+from ._compiled import check_not_scripted, is_compiled_wrapper, unwrap_compiled
 from ._dispatch import Installed, ModuleSlot, install_model_hooks, release_all
 from ._errors import HookError
 from ._handle import KINDS, HookHandle, function_name, requested_extras
@@ -105,12 +106,14 @@ class HookGroup:
         """Call ``fn(module, grad_input, grad_output)`` once per forward call, when its gradients are known.
 
         ``grad_input[i]`` is the gradient, through this call only, of the i-th input leaf (the tensors of the
-        positional arguments, then of the keyword arguments, flattened in order; a tensor passed at several
-        positions gets its gradient through all of them at each); ``grad_output[j]`` that of the j-th output leaf
-        (a tensor, or the tensors of a tuple, dict or dataclass output). ``None`` where no gradient flows.
-        Unlike ``register_full_backward_hook`` this works with an in-place operation right after the module, with
-        modules called several times (one call per forward call), with gradient checkpointing (recomputed calls
-        are the calls they replay), with inputs that do not require grad and with keyword-only calls.
+        positional arguments, then of the keyword arguments, flattened in order; a tensor passed at several positions
+        gets its gradient through the call at the first and zeros at the others, so that they add up to it);
+        ``grad_output[j]`` that of the j-th output leaf (a tensor, or the tensors of a tuple, dict or dataclass
+        output). ``None`` where no gradient flows. Nothing is inserted between the caller's tensors and the module,
+        so parameter gradients are bitwise those of an unobserved run. Unlike ``register_full_backward_hook`` this
+        works with an in-place operation in or right after the module, with modules called several times (one call
+        per forward call), with gradient checkpointing (recomputed calls are the calls they replay), with inputs
+        that do not require grad and with keyword-only calls.
 
         A hook fires if it was active when the call ran (in the thread that ran it) and still is when the
         gradients arrive. Besides ``name`` and ``call``, it may take keyword-only ``args``, ``kwargs`` and
@@ -218,7 +221,10 @@ class HookManager:
     def __init__(self, model: nn.Module | None = None) -> None:
         if model is not None and not isinstance(model, nn.Module):
             raise TypeError(f"`model` must be a torch.nn.Module or None; got {type(model).__name__}")
+        if model is not None:
+            check_not_scripted(model, "`model`")
         self.model = model
+        self._names = unwrap_compiled(model) if model is not None else None  # what names are resolved against
         self._groups: dict[str, HookGroup] = {}
         self._slots: dict[int, ModuleSlot] = {}
         self._installed: dict[int, Installed] = {}  # all that the finaliser must undo; holds no manager
@@ -226,7 +232,7 @@ class HookManager:
         self._lock = threading.RLock()
         self._runs = RunState()
         self._model_hooks: Installed | None = None
-        self._index = ModelIndex(model)
+        self._index = ModelIndex(self._names)
         self._signatures: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()
         self._finalizer = weakref.finalize(self, release_all, self._installed)
 
@@ -276,12 +282,13 @@ class HookManager:
         group._check_live()
         if not callable(fn):
             raise TypeError(f"`fn` must be callable; got {type(fn).__name__}: {fn!r}")
-        pairs = resolve(self.model, target, index=self._index)
+        pairs = resolve(self._names, target, index=self._index)
         names = ", ".join(repr(n or "<model>") for n, _ in pairs[:3]) + (", ..." if len(pairs) > 3 else "")
         asks = requested_extras(fn, kind, with_kwargs, f"group {group.name!r} on {names}", self._signatures)
         key = _fn_key(fn)
         with self._lock:
             for module_name, module in pairs:  # validate everything before touching anything
+                check_not_scripted(module, f"`target` {module_name!r}")
                 if (id(module), kind, key) in group._keys:
                     raise HookError(
                         f"{function_name(fn)} is already a {kind} hook on {module_name!r} in group {group.name!r}; "
@@ -296,7 +303,7 @@ class HookManager:
                         self._installed[id(slot.installed)] = slot.installed
                         self._install_model_hooks()
                     handle = HookHandle(
-                        group, kind, module, slot.name, fn, with_kwargs=with_kwargs, asks=asks, seq=next(self._seq)
+                        group, kind, module, module_name, fn, with_kwargs=with_kwargs, asks=asks, seq=next(self._seq)
                     )
                     if activate:
                         handle.activate()
@@ -312,6 +319,7 @@ class HookManager:
     def _install_model_hooks(self) -> None:
         """The model's own hooks, first in line, that restart call numbers at each forward of the model."""
         if self.model is not None and self._model_hooks is None:
+            self._runs.compiled = is_compiled_wrapper(self.model)
             self._model_hooks = install_model_hooks(self.model, self._runs)
             self._installed[id(self._model_hooks)] = self._model_hooks
 
@@ -350,7 +358,7 @@ class HookManager:
 
     def remove_module(self, target: ModuleTarget) -> None:
         """Remove every hook on the modules in ``target`` (names, globs, modules, types)."""
-        ids = {id(m) for _, m in resolve(self.model, target, index=self._index)}
+        ids = {id(m) for _, m in resolve(self._names, target, index=self._index)}
         self._remove([h for h in self.handles() if id(h.module) in ids])
 
     # -- look-up -----------------------------------------------------------------------------------------------
@@ -367,7 +375,7 @@ class HookManager:
         if kind is not None and kind not in KINDS:
             raise ValueError(f"`kind` must be one of {KINDS}; got {kind!r}")
         group_name = group.name if isinstance(group, HookGroup) else group
-        ids = {id(m) for _, m in resolve(self.model, module, index=self._index)} if module is not None else None
+        ids = {id(m) for _, m in resolve(self._names, module, index=self._index)} if module is not None else None
         key = _fn_key(fn) if fn is not None else None
         found = [
             h
@@ -383,7 +391,7 @@ class HookManager:
 
     def order(self, target: ModuleTarget, kind: Kind = "forward") -> list[HookHandle]:
         """The hooks of ``kind`` on one module in the order they fire (active or not)."""
-        pairs = resolve(self.model, target, index=self._index)
+        pairs = resolve(self._names, target, index=self._index)
         if len(pairs) != 1:
             raise ValueError(f"`target` must name exactly one module; it matches {len(pairs)}")
         slot = self._slots.get(id(pairs[0][1]))

@@ -107,7 +107,7 @@ def test_observing_an_identity_like_module_keeps_writes_to_its_output(inner):
     x = torch.randn(3, 4)
     out_ref, grads_ref = _grads(model, x, lambda o: o.sum())
     with Recorder(model, "inner", capture=("output", "grad_output", "grad_input")):
-        with pytest.warns(RuntimeWarning, match="modified in place after the call"):
+        with pytest.warns(RuntimeWarning, match="then modified in place"):
             out, grads = _grads(model, x, lambda o: o.sum())
     assert torch.equal(out, out_ref)  # the write reached the input, as without the recorder
     if isinstance(inner, nn.Flatten):
@@ -149,8 +149,8 @@ def test_multihead_self_attention_is_bitwise_equal_with_a_backward_recorder():
     with Recorder(mha, "", capture=("grad_input", "grad_output")) as rec:
         out, grads = run()
     assert torch.equal(out, out_ref) and _bitwise(grads, grads_ref)
-    q_grad, k_grad, v_grad = rec[""].grad_input  # one tensor passed three times: its gradient through all three
-    assert torch.equal(q_grad, grads_ref[0]) and torch.equal(k_grad, q_grad) and torch.equal(v_grad, q_grad)
+    q_grad, k_grad, v_grad = rec[""].grad_input  # one tensor passed three times: its gradient once, at the first
+    assert torch.equal(q_grad, grads_ref[0]) and not k_grad.any() and not v_grad.any()
 
 
 def test_observing_every_module_of_common_models_changes_nothing(resnet18):
