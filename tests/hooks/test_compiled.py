@@ -7,7 +7,7 @@ import torch
 from torch import nn
 
 from hooks import HookError, HookManager, Recorder, module_names
-from tests.conftest import hook_state
+from tests.support import hook_state
 
 
 def _mlp() -> nn.Sequential:

@@ -9,7 +9,7 @@ from torch import nn
 from torch.nn.utils import parametrize
 
 from hooks import Recorder
-from tests.conftest import hook_state
+from tests.support import hook_state
 
 
 class Symmetric(nn.Module):
