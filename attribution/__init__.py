@@ -9,14 +9,25 @@ Example:
     (torch.Size([1, 64, 64]), True, True)
 """
 
-from . import targets
+from . import circuits, targets
 from .cam import EigenCAM, GradCAM, GradCAMPlusPlus, HiResCAM, LayerCAM, ScoreCAM, XGradCAM
+from .circuits import (
+    Circuit,
+    EdgeScores,
+    edge_attribution,
+    evaluate,
+    exact_edge_effects,
+    faithfulness,
+    faithfulness_curve,
+)
 from .dataset import attribute_dataset, open_results
 from .patching import Patch, activation_patching, patch, record
 from .rollout import AttentionRollout, GradientRollout
 
 __all__ = [
     "AttentionRollout",
+    "Circuit",
+    "EdgeScores",
     "EigenCAM",
     "GradCAM",
     "GradCAMPlusPlus",
@@ -28,6 +39,12 @@ __all__ = [
     "XGradCAM",
     "activation_patching",
     "attribute_dataset",
+    "circuits",
+    "edge_attribution",
+    "evaluate",
+    "exact_edge_effects",
+    "faithfulness",
+    "faithfulness_curve",
     "open_results",
     "patch",
     "record",

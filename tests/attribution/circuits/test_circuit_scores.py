@@ -169,6 +169,7 @@ def test_reference_forward_is_the_model(build):
     torch.testing.assert_close(logits, model(CLEAN).logits, rtol=0, atol=1e-12)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("ig_steps", [1, 3])
 @pytest.mark.parametrize("build", [llama, tiny_gpt2], ids=["llama-gqa", "gpt2"])
 def test_every_score_is_the_gradient_decomposition(build, ig_steps):
@@ -196,6 +197,7 @@ def test_readers_come_in_graph_order_with_one_k_and_v_per_group():
     assert int(scores.scores.isfinite().sum()) == 1 * 8 + 5 * 1 + 6 * 8 + 10 * 1 + 11  # 82 edges
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("build", [llama, tiny_gpt2], ids=["llama-gqa", "gpt2"])
 def test_full_and_empty_circuits_are_exactly_clean_and_corrupted(build):
     model = build()
@@ -208,6 +210,7 @@ def test_full_and_empty_circuits_are_exactly_clean_and_corrupted(build):
     assert faithfulness(model, CLEAN, CORRUPTED, metric, [Circuit(), full]).tolist() == [0.0, 1.0]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("build", [llama, tiny_gpt2], ids=["llama-gqa", "gpt2"])
 def test_a_random_half_circuit_is_the_per_reader_forward(build):
     model = build()
@@ -228,6 +231,7 @@ def test_a_random_half_circuit_is_the_per_reader_forward(build):
     assert abs(expected - scores.clean_metric) > 1e-3  # the half circuit changes the metric: the test has teeth
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("build", [llama, tiny_gpt2], ids=["llama-gqa", "gpt2"])
 def test_exact_edge_effects_are_the_one_edge_forward(build):
     model = build()
@@ -246,6 +250,7 @@ def test_exact_edge_effects_are_the_one_edge_forward(build):
             assert value == pytest.approx(expected, rel=1e-9, abs=1e-12)
 
 
+@pytest.mark.slow
 def test_exact_edge_effects_converge_to_the_eap_score():
     """As corrupted -> clean, exact / EAP -> 1 for fixed edges, with a relative error shrinking like the distance."""
     model = llama()
