@@ -60,6 +60,7 @@ def reader_inputs(x: torch.Tensor, x_corrupted: torch.Tensor, deltas: torch.Tens
         tensor([[ 0., -1.],
                 [ 1.,  1.]])
     """
+    out = out.to(deltas.device)
     change = (out.to(deltas.dtype) @ deltas.flatten(1)).view(len(out), *x.shape)
     inputs = x.to(change.dtype) - change
     inputs[out.all(1)] = x_corrupted.to(inputs.dtype)
