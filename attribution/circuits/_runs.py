@@ -119,19 +119,21 @@ def gradient_run(
                 writers.embed(layer, x)
             return run.leaf(x.detach().clone() if embed is None else embed.to(x.dtype))
 
-        def tap(kind: str) -> Callable[..., torch.Tensor]:
-            def fn(layer: int, *rest: Any) -> torch.Tensor:
-                x = rest[-1]
-                leaf = x.detach().clone().requires_grad_(True)
-                taps[kind, layer, rest[0] if len(rest) == 2 else kind] = leaf
-                return _Tap.apply(x, leaf)
+        def tap(key: tuple[str, int, str], x: torch.Tensor) -> torch.Tensor:
+            """A copy of ``x`` whose gradient also reaches a leaf kept under ``key``."""
+            taps[key] = x.detach().clone().requires_grad_(True)
+            return _Tap.apply(x, taps[key])
 
-            return fn
+        def projection(layer: int, kind: str, x: torch.Tensor) -> torch.Tensor:
+            return tap(("attn", layer, kind), x)
+
+        def site(kind: str) -> Callable[[int, torch.Tensor], torch.Tensor]:
+            return lambda layer, x: tap((kind, layer, kind), x)
 
         writers = _Writers(model, graph, deltas, into=deltas) if deltas is not None else None
         keep = lambda layer, x: attn_x.append(x.detach())  # noqa: E731
-        hook_graph(run.group, graph, embed=start, attn_input=keep, projection=tap("attn"), mlp_input=tap("mlp"),
-                   final_input=tap("final"), heads=writers.heads if writers else None,
+        hook_graph(run.group, graph, embed=start, attn_input=keep, projection=projection, mlp_input=site("mlp"),
+                   final_input=site("final"), heads=writers.heads if writers else None,
                    mlp_output=writers.mlp if writers else None)  # fmt: skip
         value = _checked_metric(metric, run.forward(inputs), False, batch_size(inputs))
         if not value.requires_grad:

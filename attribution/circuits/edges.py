@@ -23,7 +23,7 @@ import torch
 from torch import nn
 from tqdm.auto import tqdm
 
-from .._run import HookedRun, eager_module
+from .._run import HookedRun, eager_module, warn
 from ..patching import _check_same_shapes, _plain
 from ._math import norm_vjp, wide
 from ._runs import Gradients, gradient_run, record_run
@@ -146,6 +146,13 @@ def edge_attribution(
             point = start + i / ig_steps * deltas[0]
             _accumulate(total, model, graph, gradient_run(model, graph, clean, metric, embed=point), deltas)
     scores = torch.where(graph.edge_mask(), -total / ig_steps, torch.nan)
+    finite = scores[graph.edge_mask()]
+    if not finite.isfinite().all():
+        warn("some edge scores are NaN or infinite: the model's activations or the metric's gradient overflowed; "
+             "run the model in float32 (model.float()) or check the metric")  # fmt: skip
+    elif not finite.any():
+        warn("every edge score is 0: `clean` and `corrupted` give the same writer activations or the metric does "
+             "not change with them; choose inputs that differ in the behaviour the metric measures")  # fmt: skip
     return EdgeScores(graph.writers, graph.readers, scores, high, low.metric, ig_steps)
 
 

@@ -208,3 +208,9 @@ def test_nothing_is_left_registered_after_an_error(model, error, where):
     with pytest.raises(error, match="stop"):
         calls_of[where]()
     assert _state(model) == before
+
+
+def test_identical_inputs_warn_that_every_score_is_zero(model):
+    with pytest.warns(UserWarning, match="every edge score is 0"):
+        scores = edge_attribution(model, CLEAN, CLEAN, metric, progress=False)
+    assert int((scores.scores == 0).sum()) == 82
