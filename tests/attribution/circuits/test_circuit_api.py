@@ -19,7 +19,7 @@ from attribution.circuits import (
 )
 from attribution.circuits.plot import node_position
 from tests.attribution.models import tiny_llama
-from tests.conftest import hook_state
+from tests.support import hook_state
 
 transformers = pytest.importorskip("transformers")
 
