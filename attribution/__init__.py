@@ -12,12 +12,16 @@ Example:
 from . import targets
 from .cam import EigenCAM, GradCAM, GradCAMPlusPlus, HiResCAM, LayerCAM, ScoreCAM, XGradCAM
 from .dataset import attribute_dataset, open_results
+from .generation import GenerationAttribution, attribute_generation
+from .lens import DirectLogitAttribution, direct_logit_attribution, logit_lens
 from .patching import Patch, activation_patching, patch, record
 from .rollout import AttentionRollout, GradientRollout
 
 __all__ = [
     "AttentionRollout",
+    "DirectLogitAttribution",
     "EigenCAM",
+    "GenerationAttribution",
     "GradCAM",
     "GradCAMPlusPlus",
     "GradientRollout",
@@ -28,6 +32,9 @@ __all__ = [
     "XGradCAM",
     "activation_patching",
     "attribute_dataset",
+    "attribute_generation",
+    "direct_logit_attribution",
+    "logit_lens",
     "open_results",
     "patch",
     "record",
