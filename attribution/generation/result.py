@@ -56,7 +56,7 @@ class GenerationAttribution:
 
         scores, tokens = self._example(example)
         text = _decoder(tokenizer)
-        labels = [text(int(t)) for t in tokens]
+        labels = [text(int(t)).replace("\n", "\\n") for t in tokens]
         n, width = scores.shape
         if ax is None:
             _, ax = plt.subplots(figsize=(max(5.0, 0.2 * width + 2), max(3.0, 0.2 * n + 1.5)))

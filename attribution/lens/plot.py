@@ -120,7 +120,8 @@ def plot_direct_logit_attribution(
     image = ax.imshow(values.numpy(), cmap="RdBu_r", vmin=-limit, vmax=limit, aspect="auto")
     for i in values.abs().flatten().argsort(descending=True)[:annotate].tolist():
         r, c = divmod(i, heads)
-        ax.text(c, r, f"{values[r, c]:+.2f}", ha="center", va="center", fontsize=7)
+        colour = "white" if abs(float(values[r, c])) > 0.6 * limit else "black"
+        ax.text(c, r, f"{values[r, c]:+.2f}", ha="center", va="center", fontsize=7, color=colour)
     ax.set_xticks(range(heads), [f"H{h}" for h in range(heads)])
     ax.set_yticks(range(layers), [f"L{i}" for i in range(layers)])
     ax.set_xlabel("head")
