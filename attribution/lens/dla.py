@@ -34,7 +34,7 @@ class DirectLogitAttribution:
     constant: torch.Tensor
     """``(B,)`` (or ``(B, len(positions))``): attention output biases, the norm's shift and the unembedding's bias."""
     logit: torch.Tensor
-    """The model's own logits at the positions along the direction: ``values.sum(0) + constant`` up to rounding."""
+    """The model's own logits at the positions along the direction (``values.sum(0) + constant`` up to rounding)."""
     heads: int
     """Query heads per layer (0 for ``components="layers"``)."""
 

@@ -184,14 +184,21 @@ def test_the_model_is_left_as_found():
     assert all(p.grad is None for n, p in model.named_parameters() if n != "lm_head.weight")
 
 
-def test_an_error_inside_leaves_no_hook():
+@pytest.mark.parametrize("error", [ZeroDivisionError, KeyboardInterrupt])
+@pytest.mark.parametrize("method", ["input_x_gradient", "integrated_gradients"])
+def test_an_error_inside_leaves_the_model_as_found(error, method):
     model = llama()
     before = hook_state(model)
-    model.model.layers[1].mlp.register_forward_hook(lambda m, a, o: 1 / 0)
+
+    def fail(module, args, output):
+        raise error
+
+    model.model.layers[1].mlp.register_forward_hook(fail)
     with_hook = hook_state(model)
-    with pytest.raises(ZeroDivisionError):
-        attribute_generation(model, PROMPT, generated=GENERATED)
+    with pytest.raises(error):
+        attribute_generation(model, PROMPT, generated=GENERATED, method=method, steps=3)
     assert hook_state(model) == with_hook != before
+    assert all(p.requires_grad for p in model.parameters()) and torch.is_grad_enabled()
 
 
 # -- captum ----------------------------------------------------------------------------------------------------------

@@ -265,3 +265,18 @@ def test_plots_draw(tmp_path):
     assert len(ax.texts) == 3 * 7
     ax = plot_direct_logit_attribution(direct_logit_attribution(model, IDS, (1, 2)), example=1)
     assert ax.images[0].get_array().shape == (3, 4)
+
+
+@pytest.mark.parametrize("error", [ZeroDivisionError, KeyboardInterrupt])
+def test_an_error_inside_leaves_no_hook(error):
+    model = llama()
+
+    def fail(module, args, output):
+        raise error
+
+    model.model.layers[2].register_forward_hook(fail)
+    with_hook = hook_state(model)
+    for call in (lambda: logit_lens(model, IDS), lambda: direct_logit_attribution(model, IDS, 3)):
+        with pytest.raises(error):
+            call()
+        assert hook_state(model) == with_hook
