@@ -53,7 +53,6 @@ def _alpha_and_colour(style: str) -> tuple[str, float]:
     return colour, float(match[4]) if match[4] is not None else 1.0
 
 
-@pytest.mark.slow
 def test_hovering_a_generated_token_shows_its_row_in_a_browser(tmp_path):
     path = tmp_path / "page.html"
     RESULT.to_html(path)
