@@ -29,6 +29,8 @@ from .circuits import (
 from .datasets import aggregate as _aggregate
 from .datasets import attribute_dataset, class_means, mean_patching, open_results
 from .datasets import runner as _runner
+from .generation import GenerationAttribution, attribute_generation
+from .lens import DirectLogitAttribution, direct_logit_attribution, logit_lens
 from .patching import Patch, activation_patching, attribution_patching, patch, path_patching, record
 from .patching import attribution as _attribution_patching
 from .patching import path as _path_patching
@@ -46,8 +48,10 @@ dataset, aggregate = _runner, _aggregate  # ``import attribution.dataset`` then 
 __all__ = [
     "AttentionRollout",
     "Circuit",
+    "DirectLogitAttribution",
     "EdgeScores",
     "EigenCAM",
+    "GenerationAttribution",
     "GradCAM",
     "GradCAMPlusPlus",
     "GradientRollout",
@@ -58,13 +62,16 @@ __all__ = [
     "XGradCAM",
     "activation_patching",
     "attribute_dataset",
+    "attribute_generation",
     "attribution_patching",
     "class_means",
+    "direct_logit_attribution",
     "edge_attribution",
     "evaluate",
     "exact_edge_effects",
     "faithfulness",
     "faithfulness_curve",
+    "logit_lens",
     "mean_patching",
     "open_results",
     "patch",

@@ -63,4 +63,6 @@ nitpick_ignore = [
     ("py:class", "Threads"),
     # the private record (module name, kind, switch) that find_attention returns for each attention site
     ("py:class", "attribution.rollout._sites.AttentionSite"),
+    # what attribution.lens.lm_layout returns (the layout lives in the private attribution._lm)
+    ("py:class", "attribution._lm.LMLayout"),
 ]

