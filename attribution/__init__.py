@@ -12,10 +12,26 @@ Example:
 from . import targets
 from .cam import EigenCAM, GradCAM, GradCAMPlusPlus, HiResCAM, LayerCAM, ScoreCAM, XGradCAM
 from .dataset import attribute_dataset, open_results
+from .gradients import (
+    Deconvolution,
+    GuidedBackprop,
+    GuidedGradCAM,
+    InputXGradient,
+    IntegratedGradients,
+    Saliency,
+    SmoothGrad,
+)
 from .patching import Patch, activation_patching, patch, record
 from .rollout import AttentionRollout, GradientRollout
 
 __all__ = [
+    "SmoothGrad",
+    "Saliency",
+    "IntegratedGradients",
+    "InputXGradient",
+    "GuidedGradCAM",
+    "GuidedBackprop",
+    "Deconvolution",
     "AttentionRollout",
     "EigenCAM",
     "GradCAM",
