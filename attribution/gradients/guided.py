@@ -63,6 +63,8 @@ def activation_names(model: nn.Module, activations: Sequence[type[nn.Module]]) -
 
 def modify_activations(group: HookGroup, names: list[str], rule: Rule) -> None:
     """Register, in ``group``, the hooks that change the backward of the named activation modules by ``rule``."""
+    if not names:
+        return
     if rule == "guided":
 
         def guided(module: nn.Module, args: Any, output: torch.Tensor) -> torch.Tensor:
