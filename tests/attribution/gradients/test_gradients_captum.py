@@ -129,6 +129,7 @@ def test_guided_gradcam(case):
     torch.testing.assert_close(got, expected, **TIGHT)
 
 
+@pytest.mark.slow
 def test_smoothgrad_draws_captums_noise():
     """Same seed, same draw: captum's ``torch.normal`` on the global generator, ours on a generator of our own."""
     model, x = small_resnet(), torch.randn(1, 3, 24, 20, dtype=torch.float64)
