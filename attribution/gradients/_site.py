@@ -19,7 +19,7 @@ from torch import nn
 from hooks import HookGroup
 
 from .._run import HookedRun, SiteTypeError, SiteValueError, did_not_run, no_dependence, warn
-from ..targets import Target, class_indices, class_logits, target_scores
+from ..targets import Target, _indices, class_indices, class_logits, target_scores
 
 
 @dataclass
@@ -117,11 +117,19 @@ def resolved_target(target: Target, output: Any, batch: int) -> Target:
     return class_indices(class_logits(output), target, batch)
 
 
-def repeat_target(target: Target, times: int) -> Target:
-    """The target of a batch made of ``times`` copies of the items, copy after copy (callables as they are)."""
-    if isinstance(target, torch.Tensor) and target.dim() == 1:
-        return target.repeat(times)
-    return target
+def repeat_target(target: Target, times: int, *, interleave: bool = False) -> Target:
+    """The target of a batch of ``times`` copies of the items: copy after copy, or item after item (``interleave``).
+
+    Integer classes (one, or one per item, in any form ``target=`` takes) become an index tensor; ``None`` and
+    callables stay as they are.
+    """
+    if target is None or callable(target):
+        return target
+    index = _indices(target, "`target`")
+    assert index is not None
+    if index.dim() == 0:
+        return index
+    return index.repeat_interleave(times) if interleave else index.repeat(times)
 
 
 def check_inputs(inputs: Any, method: str, model: nn.Module, *, layer: str | None) -> torch.Tensor:

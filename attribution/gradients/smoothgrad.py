@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
 
 import torch
 
 from ..targets import Target, check_target
-from ._site import layer_outputs, resolved_target
+from ._site import layer_outputs, repeat_target, resolved_target
 
 
 def relative_noise(inputs: torch.Tensor, samples: int, noise: float, generator: torch.Generator) -> torch.Tensor:
@@ -104,7 +103,7 @@ class SmoothGrad:
             chunk = noise[:, first : first + per]
             k = chunk.shape[1]
             noisy = (inputs.detach()[:, None] + chunk).flatten(0, 1)  # item after item: (batch * k, ...)
-            attributions = self.method(noisy, target=_each_copy(target, k))
+            attributions = self.method(noisy, target=repeat_target(target, k, interleave=True))
             part = attributions.view(batch, k, *attributions.shape[1:]).sum(1)
             total = part if total is None else total + part
         assert total is not None
@@ -112,10 +111,3 @@ class SmoothGrad:
 
     def __repr__(self) -> str:
         return f"SmoothGrad({self.method!r}, samples={self.samples}, noise={self.noise}, seed={self.seed})"
-
-
-def _each_copy(target: Any, copies: int) -> Any:
-    """The target of ``copies`` noisy copies of each item, item after item."""
-    if isinstance(target, torch.Tensor) and target.dim() == 1:
-        return target.repeat_interleave(copies)
-    return target

@@ -116,6 +116,16 @@ def test_internal_batches_and_baseline_forms_agree():
     torch.testing.assert_close(called, full, rtol=0, atol=0)
 
 
+def test_target_forms_agree():
+    model, x = mlp(), torch.randn(3, 5, dtype=torch.float64)
+    for method in (IntegratedGradients(model, steps=4), SmoothGrad(Saliency(model), samples=3, seed=1)):
+        expected = method(x, torch.tensor([2, 0, 1]))
+        for form in ([2, 0, 1], np.array([2, 0, 1]), (2, 0, 1)):
+            torch.testing.assert_close(method(x, form), expected, rtol=0, atol=0)
+        torch.testing.assert_close(method(x, 1), method(x, [1, 1, 1]), rtol=0, atol=0)
+        torch.testing.assert_close(method(x, np.int64(1)), method(x, torch.tensor(1)), rtol=0, atol=0)
+
+
 def test_target_none_is_each_items_top_class():
     model, x = mlp(), torch.randn(4, 5, dtype=torch.float64)
     top = model(x).argmax(1)
