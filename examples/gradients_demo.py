@@ -47,7 +47,9 @@ from attribution.metrics import randomization_test
 from attribution.plot import to_rgb
 
 LAYER = "bn2"  # the last feature map (its BatchNormAct2d includes the ReLU6), as in gradcam_demo.py
-STAGES = ["classifier", "conv_head", "blocks.6", "blocks.4", "blocks.2", "conv_stem"]
+# From the output down. The batch norms outside the blocks (bn2, bn1) are stages of their own: left trained after the
+# layer before them is re-initialised, their shift cuts every ReLU6 and all gradients vanish (NaN correlations).
+STAGES = ["classifier", "bn2", "conv_head", "blocks.6", "blocks.3", "bn1", "conv_stem"]
 
 
 def pixels(attributions: torch.Tensor) -> torch.Tensor:
@@ -60,7 +62,7 @@ def methods() -> dict:
     return {
         "Saliency": lambda m, x, t: pixels(Saliency(m)(x, t)),
         "Input x Gradient": lambda m, x, t: pixels(InputXGradient(m)(x, t)),
-        "Integrated Gradients": lambda m, x, t: pixels(IntegratedGradients(m, steps=16, internal_batch_size=48)(x, t)),
+        "Integrated Gradients": lambda m, x, t: pixels(IntegratedGradients(m, steps=16, internal_batch_size=24)(x, t)),
         "SmoothGrad": lambda m, x, t: pixels(SmoothGrad(Saliency(m), samples=8, noise=0.15, seed=0)(x, t)),
         "Guided Backprop": lambda m, x, t: pixels(GuidedBackprop(m)(x, t)),
         "Deconvolution": lambda m, x, t: pixels(Deconvolution(m)(x, t)),
