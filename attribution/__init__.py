@@ -34,6 +34,17 @@ from .lens import DirectLogitAttribution, direct_logit_attribution, logit_lens
 from .patching import Patch, activation_patching, attribution_patching, patch, path_patching, record
 from .patching import attribution as _attribution_patching
 from .patching import path as _path_patching
+from .dataset import attribute_dataset, open_results
+from .gradients import (
+    Deconvolution,
+    GuidedBackprop,
+    GuidedGradCAM,
+    InputXGradient,
+    IntegratedGradients,
+    Saliency,
+    SmoothGrad,
+)
+from .patching import Patch, activation_patching, patch, record
 from .rollout import AttentionRollout, GradientRollout
 
 # The modules' paths before the family folders, which the docs and existing code name: the same module objects,
@@ -46,6 +57,13 @@ sys.modules[f"{__name__}.aggregate"] = _aggregate
 dataset, aggregate = _runner, _aggregate  # ``import attribution.dataset`` then ``attribution.dataset.x``
 
 __all__ = [
+    "SmoothGrad",
+    "Saliency",
+    "IntegratedGradients",
+    "InputXGradient",
+    "GuidedGradCAM",
+    "GuidedBackprop",
+    "Deconvolution",
     "AttentionRollout",
     "Circuit",
     "DirectLogitAttribution",

