@@ -12,6 +12,7 @@ Example:
 from . import targets
 from .cam import EigenCAM, GradCAM, GradCAMPlusPlus, HiResCAM, LayerCAM, ScoreCAM, XGradCAM
 from .dataset import attribute_dataset, open_results
+from .lrp import LRP
 from .patching import Patch, activation_patching, patch, record
 from .rollout import AttentionRollout, GradientRollout
 
@@ -22,6 +23,7 @@ __all__ = [
     "GradCAMPlusPlus",
     "GradientRollout",
     "HiResCAM",
+    "LRP",
     "LayerCAM",
     "Patch",
     "ScoreCAM",
