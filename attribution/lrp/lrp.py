@@ -171,6 +171,7 @@ class LRP:
             )
         self.model = model
         self.composite = composite if composite is not None else EpsilonPlusFlat()
+        self._layers = _Layers()
 
     def __call__(self, inputs: torch.Tensor, target: Target = None) -> torch.Tensor:
         """The relevance of ``target``'s logit at each element of ``inputs``.
@@ -189,7 +190,7 @@ class LRP:
         check_target(target, inputs.shape[0])
         steps = plan(self.model, self.composite)
         with HookedRun(self.model, "LRP", with_grad=True) as run:
-            wiring = _Wiring(self.model, steps, run)
+            wiring = _Wiring(self.model, steps, run, self._layers)
             output = run.forward(inputs)
             wiring.check_finished()
             logits = class_logits(output)
@@ -233,11 +234,37 @@ def _warn_degenerate(relevance: torch.Tensor) -> None:
         )
 
 
+class _Layers:
+    """The layers as the rules see them (batch norms merged, modified weights memoised), kept between calls.
+
+    A layer is kept for as long as the tensors it is made of are unchanged (same storage, same version counter).
+    """
+
+    def __init__(self) -> None:
+        self.kept: dict[str, tuple[tuple[Any, ...], Layer]] = {}
+
+    def get(self, name: str, module: nn.Module, norm: nn.Module | None = None) -> Layer:
+        """The layer of ``module`` (merged with the batch norm ``norm`` if given)."""
+        key = tuple(_version(t) for m in (module, norm) if m is not None for t in (*m.parameters(), *m.buffers()))
+        key += (id(module), id(norm), getattr(norm, "eps", None))
+        kept = self.kept.get(name)
+        if kept is not None and kept[0] == key:
+            return kept[1]
+        layer = Layer.of(module) if norm is None else Layer.of(module, *merge(module, norm))
+        self.kept[name] = (key, layer)
+        return layer
+
+
+def _version(t: torch.Tensor) -> tuple[Any, ...]:
+    return (t.data_ptr(), t._version, t.dtype, t.device, tuple(t.shape))
+
+
 class _Wiring:
     """The hooks of one call and the tensors they pass between each other (inputs waiting for their outputs)."""
 
-    def __init__(self, model: nn.Module, steps: Plan, run: HookedRun) -> None:
+    def __init__(self, model: nn.Module, steps: Plan, run: HookedRun, layers: _Layers) -> None:
         self.model = model
+        self.layers = layers
         self.plan = steps
         self.run = run
         self.leaf: torch.Tensor | None = None
@@ -288,7 +315,7 @@ class _Wiring:
         if merged is not None:  # the rule runs at the batch norm's output, autograd stays off until then
             self.waiting[merged] = (name, x, output)
             return None
-        step = self.plan.rules[name].prepare(Layer.of(module), x, output.detach())
+        step = self.plan.rules[name].prepare(self.layers.get(name, module), x, output.detach())
         torch.set_grad_enabled(True)
         return RuleFunction.apply(x, [output.detach()], step)
 
@@ -305,11 +332,9 @@ class _Wiring:
     def _merged(self, module: nn.Module, args: tuple[Any, ...], output: torch.Tensor, *, name: str) -> Any:
         self.inputs[name].pop()
         layer_name, x, _ = self.waiting.pop(name)
-        layer_module = self.model.get_submodule(layer_name)
-        weight, bias = merge(layer_module, module)
-        layer = Layer.of(layer_module, weight, bias)
+        layer = self.layers.get(layer_name, self.model.get_submodule(layer_name), module)
         plain = type(module).forward in (bn.forward for bn in BATCH_NORMS)
-        z = output.detach() if plain else layer.forward(x, weight, bias)  # BatchNormAct: z before the activation
+        z = output.detach() if plain else layer.forward(x, layer.weight, layer.bias)  # BatchNormAct: z before act
         step = self.plan.rules[layer_name].prepare(layer, x, z)
         torch.set_grad_enabled(True)
         return RuleFunction.apply(x, [output.detach()], step)

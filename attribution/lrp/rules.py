@@ -36,7 +36,8 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 import torch
@@ -62,7 +63,7 @@ def stabilize(z: torch.Tensor, epsilon: float) -> torch.Tensor:
         >>> stabilize(torch.tensor([-2.0, 0.0, 3.0]), 0.5)
         tensor([-2.5000,  0.5000,  3.5000])
     """
-    return z + ((z == 0.0).to(z) + z.sign()) * epsilon
+    return torch.where(z >= 0.0, z + epsilon, z - epsilon)  # one pass fewer than z + (sign(z) + (z == 0)) * eps
 
 
 def positive(t: torch.Tensor) -> torch.Tensor:
@@ -86,6 +87,17 @@ class Layer:
     bias: torch.Tensor | None
     forward: Callable[[torch.Tensor, torch.Tensor, torch.Tensor | None], torch.Tensor]
     adjoint: Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
+    memo: dict[str, torch.Tensor] = field(default_factory=dict, compare=False, repr=False)
+
+    def derived(self, key: str, make: Callable[[], torch.Tensor]) -> torch.Tensor:
+        """``make()``, kept under ``key`` for as long as this layer object lives.
+
+        :class:`~attribution.LRP` keeps it while the parameters are unchanged: modified weights are then computed
+        once, not at every call.
+        """
+        if key not in self.memo:
+            self.memo[key] = make()
+        return self.memo[key]
 
     @classmethod
     def of(
@@ -162,9 +174,9 @@ def _generic_adjoint(module: nn.Module) -> Callable[..., torch.Tensor]:
     return adjoint
 
 
-def _no_negative(x: torch.Tensor) -> bool:
-    """Whether ``x`` has no negative entry (after a ReLU): the terms of ``x-`` are then exactly 0 and skipped."""
-    return not bool((x < 0).any())
+def _weight(layer: Layer, sign: str) -> torch.Tensor:
+    """``W+`` (``sign="+"``) or ``W-`` of the layer, computed once per layer object."""
+    return layer.derived(sign, lambda: positive(layer.weight) if sign == "+" else negative(layer.weight))
 
 
 def _zero_like(t: torch.Tensor | None) -> torch.Tensor | None:
@@ -244,9 +256,11 @@ class ZPlus(Rule):
 
     def prepare(self, layer: Layer, x: torch.Tensor, z: torch.Tensor) -> Step:
         """See the class documentation."""
-        w_pos, w_neg = positive(layer.weight), negative(layer.weight)
-        den = stabilize(_two_sided(layer, x, (w_pos, _clamped(layer.bias, 1)), (w_neg, None)), self.stabilizer)
-        return lambda r, x: _spread(layer, x, r / den, w_pos, w_neg)
+        split, w_pos = _Split.of(x), _weight(layer, "+")
+        w_neg = partial(_weight, layer, "-")
+        z_plus = _two_sided(layer, split, (w_pos, _clamped(layer.bias, 1)), w_neg)
+        den = z_plus + self.stabilizer  # = stabilize(z_plus): z_plus >= 0 (x+ W+, x- W- and b+ are all >= 0)
+        return lambda r, x: _spread(layer, split, r / den, w_pos, w_neg)
 
 
 class AlphaBeta(Rule):
@@ -272,14 +286,14 @@ class AlphaBeta(Rule):
 
     def prepare(self, layer: Layer, x: torch.Tensor, z: torch.Tensor) -> Step:
         """See the class documentation."""
-        w_pos, w_neg = positive(layer.weight), negative(layer.weight)
+        split, w_pos, w_neg = _Split.of(x), _weight(layer, "+"), _weight(layer, "-")
         b_pos, b_neg = _clamped(layer.bias, 1), _clamped(layer.bias, -1)
-        den_pos = stabilize(_two_sided(layer, x, (w_pos, b_pos), (w_neg, None)), self.stabilizer)
-        den_neg = stabilize(_two_sided(layer, x, (w_neg, b_neg), (w_pos, None)), self.stabilizer)
+        den_pos = stabilize(_two_sided(layer, split, (w_pos, b_pos), lambda: w_neg), self.stabilizer)
+        den_neg = stabilize(_two_sided(layer, split, (w_neg, b_neg), lambda: w_pos), self.stabilizer)
 
         def step(r: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
-            pos = _spread(layer, x, r / den_pos, w_pos, w_neg)
-            neg = _spread(layer, x, r / den_neg, w_neg, w_pos)
+            pos = _spread(layer, split, r / den_pos, w_pos, lambda: w_neg)
+            neg = _spread(layer, split, r / den_neg, w_neg, lambda: w_pos)
             return self.alpha * pos - self.beta * neg
 
         return step
@@ -306,17 +320,21 @@ class Gamma(Rule):
     def prepare(self, layer: Layer, x: torch.Tensor, z: torch.Tensor) -> Step:
         """See the class documentation."""
         g = self.gamma
-        w_up, w_down = layer.weight + g * positive(layer.weight), layer.weight + g * negative(layer.weight)
+        w_up = layer.derived(f"gamma {g} +", lambda: layer.weight + g * _weight(layer, "+"))
+        w_down = layer.derived(f"gamma {g} -", lambda: layer.weight + g * _weight(layer, "-"))
         b = layer.bias
         b_up = None if b is None else b + g * positive(b)
         b_down = None if b is None else b + g * negative(b)
-        den_pos = stabilize(_two_sided(layer, x, (w_up, b_up), (w_down, None)), self.stabilizer)
-        den_neg = stabilize(_two_sided(layer, x, (w_down, b_down), (w_up, None)), self.stabilizer)
+        split = _Split.of(x)
+        den_pos = stabilize(_two_sided(layer, split, (w_up, b_up), lambda: w_down), self.stabilizer)
+        den_neg = stabilize(_two_sided(layer, split, (w_down, b_down), lambda: w_up), self.stabilizer)
         mask_pos, mask_neg = z > 0.0, z < 0.0
 
         def step(r: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
             s_pos, s_neg = mask_pos * r / den_pos, mask_neg * r / den_neg
-            return _spread(layer, x, s_pos, w_up, w_down) + _spread(layer, x, s_neg, w_down, w_up)
+            return _spread(layer, split, s_pos, w_up, lambda: w_down) + _spread(
+                layer, split, s_neg, w_down, lambda: w_up
+            )
 
         return step
 
@@ -341,7 +359,7 @@ class ZBox(Rule):
         """See the class documentation."""
         low = _bound(self.low, x, "low")
         high = _bound(self.high, x, "high")
-        w_pos, w_neg = positive(layer.weight), negative(layer.weight)
+        w_pos, w_neg = _weight(layer, "+"), _weight(layer, "-")
         b_pos, b_neg = _clamped(layer.bias, 1), _clamped(layer.bias, -1)
         z_low, z_high = layer.forward(low, w_pos, b_pos), layer.forward(high, w_neg, b_neg)
         den = stabilize(layer.forward(x, layer.weight, layer.bias) - (z_low + z_high), self.stabilizer)
@@ -374,7 +392,7 @@ class WSquare(Rule):
 
     def prepare(self, layer: Layer, x: torch.Tensor, z: torch.Tensor) -> Step:
         """See the class documentation."""
-        w2 = layer.weight**2
+        w2 = layer.derived("square", lambda: layer.weight**2)
         b2 = None if layer.bias is None else layer.bias**2
         den = stabilize(layer.forward(torch.ones_like(x), w2, b2), self.stabilizer)
         return lambda r, x: layer.adjoint(r / den, w2, x)
@@ -396,31 +414,50 @@ class Flat(Rule):
 
     def prepare(self, layer: Layer, x: torch.Tensor, z: torch.Tensor) -> Step:
         """See the class documentation."""
-        ones = torch.ones_like(layer.weight)
+        ones = layer.derived("ones", lambda: torch.ones_like(layer.weight))
         den = stabilize(layer.forward(torch.ones_like(x), ones, _zero_like(layer.bias)), self.stabilizer)
         return lambda r, x: layer.adjoint(r / den, ones, x)
 
 
 # -- shared terms -------------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class _Split:
+    """``x+`` and ``x-``, with ``x-`` ``None`` when ``x`` has no negative entry (after a ReLU): its terms are 0.
+
+    ``x+`` is then ``x`` itself, and the terms of ``x-``, exactly 0, are skipped.
+    """
+
+    pos: torch.Tensor
+    neg: torch.Tensor | None
+
+    @classmethod
+    def of(cls, x: torch.Tensor) -> _Split:
+        if not bool((x < 0).any()):
+            return cls(x, None)
+        return cls(positive(x), negative(x))
+
+
 def _two_sided(
     layer: Layer,
-    x: torch.Tensor,
+    x: _Split,
     pos: tuple[torch.Tensor, torch.Tensor | None],
-    neg: tuple[torch.Tensor, torch.Tensor | None],
+    neg: Callable[[], torch.Tensor],
 ) -> torch.Tensor:
-    """``f(x+; *pos) + f(x-; *neg)``; the second term is left out (it is 0) when ``x`` has no negative entry."""
-    out = layer.forward(positive(x), *pos)
-    if _no_negative(x):
+    """``f(x+; *pos) + f(x-; neg(), 0)``, the second term left out when ``x`` has no negative entry."""
+    out = layer.forward(x.pos, *pos)
+    if x.neg is None:
         return out
-    return out + layer.forward(negative(x), *neg)
+    return out + layer.forward(x.neg, neg(), None)
 
 
-def _spread(layer: Layer, x: torch.Tensor, s: torch.Tensor, w_pos: torch.Tensor, w_neg: torch.Tensor) -> torch.Tensor:
-    """``x+ * f^T(s; w_pos) + x- * f^T(s; w_neg)``, without the second term when ``x`` has no negative entry."""
-    out = positive(x) * layer.adjoint(s, w_pos, x)
-    if _no_negative(x):
+def _spread(
+    layer: Layer, x: _Split, s: torch.Tensor, w_pos: torch.Tensor, w_neg: Callable[[], torch.Tensor]
+) -> torch.Tensor:
+    """``x+ * f^T(s; w_pos) + x- * f^T(s; w_neg())``, without the second term when ``x`` has no negative entry."""
+    out = x.pos * layer.adjoint(s, w_pos, x.pos)
+    if x.neg is None:
         return out
-    return out + negative(x) * layer.adjoint(s, w_neg, x)
+    return out + x.neg * layer.adjoint(s, w_neg(), x.pos)
 
 
 def _bound(value: float | torch.Tensor, x: torch.Tensor, what: str) -> torch.Tensor:
