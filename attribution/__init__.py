@@ -12,12 +12,13 @@ Example:
 from . import targets
 from .cam import EigenCAM, GradCAM, GradCAMPlusPlus, HiResCAM, LayerCAM, ScoreCAM, XGradCAM
 from .dataset import attribute_dataset, open_results
-from .lrp import LRP
+from .lrp import LRP, AttnLRP
 from .patching import Patch, activation_patching, patch, record
 from .rollout import AttentionRollout, GradientRollout
 
 __all__ = [
     "AttentionRollout",
+    "AttnLRP",
     "EigenCAM",
     "GradCAM",
     "GradCAMPlusPlus",

@@ -9,6 +9,7 @@ Example:
     torch.Size([2, 3, 8, 8])
 """
 
+from .attnlrp import AttnLRP, TokenRelevance
 from .composites import Composite, EpsilonAlpha2Beta1, EpsilonGammaBox, EpsilonPlus, EpsilonPlusFlat
 from .lrp import LRP
 from .rules import AlphaBeta, Epsilon, Flat, Gamma, Pass, Rule, WSquare, ZBox, ZPlus
@@ -16,6 +17,7 @@ from .rules import AlphaBeta, Epsilon, Flat, Gamma, Pass, Rule, WSquare, ZBox, Z
 __all__ = [
     "LRP",
     "AlphaBeta",
+    "AttnLRP",
     "Composite",
     "Epsilon",
     "EpsilonAlpha2Beta1",
@@ -26,6 +28,7 @@ __all__ = [
     "Gamma",
     "Pass",
     "Rule",
+    "TokenRelevance",
     "WSquare",
     "ZBox",
     "ZPlus",

@@ -245,8 +245,8 @@ class _Layers:
 
     def get(self, name: str, module: nn.Module, norm: nn.Module | None = None) -> Layer:
         """The layer of ``module`` (merged with the batch norm ``norm`` if given)."""
-        key = tuple(_version(t) for m in (module, norm) if m is not None for t in (*m.parameters(), *m.buffers()))
-        key += (id(module), id(norm), getattr(norm, "eps", None))
+        tensors = [t for m in (module, norm) if m is not None for t in (*m.parameters(), *m.buffers())]
+        key: tuple[Any, ...] = (*(_version(t) for t in tensors), id(module), id(norm), getattr(norm, "eps", None))
         kept = self.kept.get(name)
         if kept is not None and kept[0] == key:
             return kept[1]
