@@ -37,7 +37,7 @@ IDENTITY_EPSILON = 1e-10
 
 @dataclass
 class TokenRelevance:
-    """The result of :meth:`AttnLRP.attribute`.
+    """The result of :meth:`attribution.AttnLRP.attribute`.
 
     Attributes:
         relevance: ``(batch, tokens)``, or ``(batch, tokens, hidden)`` with ``reduce=False``.

@@ -6,14 +6,14 @@ norms that follow no convolution or linear layer the ``Pass`` rule (those that f
 flatten layers keep their gradient. The first layer is the first convolution or linear layer in
 ``named_modules()`` order (for :class:`EpsilonGammaBox`, the first convolution).
 
-=====================  ===========================  ============  ===================
-composite              convolutions                 linear        first layer
-=====================  ===========================  ============  ===================
-``EpsilonPlus``        ``ZPlus``                    ``Epsilon``   (none)
-``EpsilonPlusFlat``    ``ZPlus``                    ``Epsilon``   ``Flat``
-``EpsilonAlpha2Beta1`` ``AlphaBeta(2, 1)``          ``Epsilon``   (none)
-``EpsilonGammaBox``    ``Gamma(0.25)``              ``Epsilon``   ``ZBox(low, high)``
-=====================  ===========================  ============  ===================
+========================  ===================  ============  ===================
+composite                 convolutions         linear        first layer
+========================  ===================  ============  ===================
+``EpsilonPlus``           ``ZPlus``            ``Epsilon``   (none)
+``EpsilonPlusFlat``       ``ZPlus``            ``Epsilon``   ``Flat``
+``EpsilonAlpha2Beta1``    ``AlphaBeta(2, 1)``  ``Epsilon``   (none)
+``EpsilonGammaBox``       ``Gamma(0.25)``      ``Epsilon``   ``ZBox(low, high)``
+========================  ===================  ============  ===================
 
 Example:
     >>> import torch

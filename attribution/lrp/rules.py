@@ -1,7 +1,7 @@
 """LRP rules: how one layer hands the relevance of its output down to its input.
 
 A rule is a small object that a composite assigns to a layer (a convolution or a linear layer, with any batch norm
-merged into it). During the forward pass, :meth:`Rule.prepare` receives the layer, its input ``x`` and its output
+merged into it). During the forward pass, :meth:`attribution.lrp.Rule.prepare` receives the layer, its input ``x`` and its output
 ``z`` and returns the backward step ``R_out -> R_in``; :class:`~attribution.LRP` runs that step as the layer's
 gradient, so the layer's own backward (and its weight gradients) never runs.
 

@@ -297,3 +297,20 @@ def test_a_zero_target_logit_warns(two_layers: nn.Sequential) -> None:
         dead = 1
     with pytest.warns(UserWarning, match="all zeros"):
         LRP(model, Composite([(nn.Linear, Epsilon())]))(x, target=dead)
+
+
+class _Interrupt(nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        raise KeyboardInterrupt
+
+
+def test_ctrl_c_during_the_forward_leaves_the_model_as_it_was() -> None:
+    torch.manual_seed(5)
+    model = nn.Sequential(nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4), nn.ReLU(), nn.Flatten(), nn.Linear(64, 2)).train()
+    before = _state(model)
+    broken = nn.Sequential(model, _Interrupt())
+    composite = EpsilonPlusFlat(layer_map=[(_Interrupt, Pass())])
+    with pytest.raises(KeyboardInterrupt):
+        LRP(broken, composite)(torch.randn(2, 3, 6, 6), target=0)
+    assert _same(before, _state(model))
+    assert torch.is_grad_enabled()
