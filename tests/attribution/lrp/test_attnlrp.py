@@ -53,7 +53,22 @@ def _gpt2() -> nn.Module:
     return transformers.GPT2LMHeadModel(config).double().eval()
 
 
+def _mistral() -> nn.Module:
+    torch.manual_seed(3)
+    config = transformers.MistralConfig(
+        vocab_size=40,
+        hidden_size=16,
+        intermediate_size=24,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        attn_implementation="eager",
+    )
+    return transformers.MistralForCausalLM(config).double().eval()
+
+
 MODELS = {"llama": _llama, "qwen2": _qwen2, "gpt2": _gpt2}
+"""Models LXT 2.1 supports (parity); Mistral is the Llama layout, which LXT does not list."""
 
 
 def _ids() -> torch.Tensor:
@@ -79,9 +94,9 @@ def test_matches_lxt(kind: str, tmp_path: Path) -> None:
     torch.testing.assert_close(got, expected, rtol=1e-12, atol=1e-15)
 
 
-@pytest.mark.parametrize("kind", list(MODELS))
+@pytest.mark.parametrize("kind", [*MODELS, "mistral"])
 def test_the_rules_change_the_gradient_and_conservation_is_reported(kind: str) -> None:
-    model, ids = MODELS[kind](), _ids()
+    model, ids = {**MODELS, "mistral": _mistral}[kind](), _ids()
     result = AttnLRP(model).attribute(ids, target=[5, 11])
     embeds = model.get_input_embeddings()(ids).detach().requires_grad_(True)
     logits = model(inputs_embeds=embeds, use_cache=False).logits[:, -1]
