@@ -1,9 +1,9 @@
 """LRP rules: how one layer hands the relevance of its output down to its input.
 
 A rule is a small object that a composite assigns to a layer (a convolution or a linear layer, with any batch norm
-merged into it). During the forward pass, :meth:`attribution.lrp.Rule.prepare` receives the layer, its input ``x`` and its output
-``z`` and returns the backward step ``R_out -> R_in``; :class:`~attribution.LRP` runs that step as the layer's
-gradient, so the layer's own backward (and its weight gradients) never runs.
+merged into it). During the forward pass, :meth:`attribution.lrp.Rule.prepare` receives the layer, its input ``x``
+and its output ``z`` and returns the backward step ``R_out -> R_in``; :class:`~attribution.LRP` runs that step as
+the layer's gradient, so the layer's own backward (and its weight gradients) never runs.
 
 For a layer ``z = f(x; W, b)`` (``f`` affine in ``x``), with ``f^T(s; W)`` the gradient of ``f`` with respect to
 its input at weights ``W`` (a transposed convolution, or ``s @ W``), ``x+ = max(x, 0)``, ``x- = min(x, 0)``,
@@ -63,7 +63,8 @@ def stabilize(z: torch.Tensor, epsilon: float) -> torch.Tensor:
         >>> stabilize(torch.tensor([-2.0, 0.0, 3.0]), 0.5)
         tensor([-2.5000,  0.5000,  3.5000])
     """
-    return torch.where(z >= 0.0, z + epsilon, z - epsilon)  # one pass fewer than z + (sign(z) + (z == 0)) * eps
+    shift = torch.where(z >= 0.0, z.new_tensor(epsilon), z.new_tensor(-epsilon))  # +-eps in z's dtype
+    return z + shift  # two passes fewer than z + (sign(z) + (z == 0)) * eps
 
 
 def positive(t: torch.Tensor) -> torch.Tensor:
@@ -432,7 +433,7 @@ class _Split:
 
     @classmethod
     def of(cls, x: torch.Tensor) -> _Split:
-        if not bool((x < 0).any()):
+        if not bool(x.min() < 0):  # one reduction, no boolean tensor
             return cls(x, None)
         return cls(positive(x), negative(x))
 
