@@ -143,6 +143,10 @@ class LRP:
     Numerically zennit 1.0's result for the same composite with its canonizers (batch norms merged, ResNet sums
     split by share), to about 1e-15 in float64, at about the cost of one forward and backward pass.
 
+    The object keeps the weights the rules derive (merged with batch norms, positive and negative parts) from one
+    call to the next while the parameters are unchanged (same storage and version counter): at most a few copies
+    of the convolution weights, freed with the object.
+
     Args:
         model: a CNN or MLP of convolutions, linear layers, batch norms, activations, pools and torchvision/timm
             residual blocks. It is not modified.
