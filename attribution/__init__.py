@@ -44,6 +44,7 @@ from .gradients import (
     Saliency,
     SmoothGrad,
 )
+from .lrp import LRP, AttnLRP
 from .patching import Patch, activation_patching, patch, record
 from .rollout import AttentionRollout, GradientRollout
 
@@ -68,12 +69,14 @@ __all__ = [
     "Circuit",
     "DirectLogitAttribution",
     "EdgeScores",
+    "AttnLRP",
     "EigenCAM",
     "GenerationAttribution",
     "GradCAM",
     "GradCAMPlusPlus",
     "GradientRollout",
     "HiResCAM",
+    "LRP",
     "LayerCAM",
     "Patch",
     "ScoreCAM",
