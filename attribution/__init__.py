@@ -30,11 +30,6 @@ from .datasets import aggregate as _aggregate
 from .datasets import attribute_dataset, class_means, mean_patching, open_results
 from .datasets import runner as _runner
 from .generation import GenerationAttribution, attribute_generation
-from .lens import DirectLogitAttribution, direct_logit_attribution, logit_lens
-from .patching import Patch, activation_patching, attribution_patching, patch, path_patching, record
-from .patching import attribution as _attribution_patching
-from .patching import path as _path_patching
-from .dataset import attribute_dataset, open_results
 from .gradients import (
     Deconvolution,
     GuidedBackprop,
@@ -44,8 +39,11 @@ from .gradients import (
     Saliency,
     SmoothGrad,
 )
+from .lens import DirectLogitAttribution, direct_logit_attribution, logit_lens
 from .lrp import LRP, AttnLRP
-from .patching import Patch, activation_patching, patch, record
+from .patching import Patch, activation_patching, attribution_patching, patch, path_patching, record
+from .patching import attribution as _attribution_patching
+from .patching import path as _path_patching
 from .rollout import AttentionRollout, GradientRollout
 
 # The modules' paths before the family folders, which the docs and existing code name: the same module objects,
@@ -58,28 +56,28 @@ sys.modules[f"{__name__}.aggregate"] = _aggregate
 dataset, aggregate = _runner, _aggregate  # ``import attribution.dataset`` then ``attribution.dataset.x``
 
 __all__ = [
-    "SmoothGrad",
-    "Saliency",
-    "IntegratedGradients",
-    "InputXGradient",
-    "GuidedGradCAM",
-    "GuidedBackprop",
-    "Deconvolution",
     "AttentionRollout",
+    "AttnLRP",
     "Circuit",
+    "Deconvolution",
     "DirectLogitAttribution",
     "EdgeScores",
-    "AttnLRP",
     "EigenCAM",
     "GenerationAttribution",
     "GradCAM",
     "GradCAMPlusPlus",
     "GradientRollout",
+    "GuidedBackprop",
+    "GuidedGradCAM",
     "HiResCAM",
+    "InputXGradient",
+    "IntegratedGradients",
     "LRP",
     "LayerCAM",
     "Patch",
+    "Saliency",
     "ScoreCAM",
+    "SmoothGrad",
     "XGradCAM",
     "activation_patching",
     "attribute_dataset",
