@@ -27,7 +27,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 import torch
 
-from attribution.attribution_patching import attribution_patching
+from attribution import attribution_patching
 from attribution.lens import direct_logit_attribution, logit_lens, plot_direct_logit_attribution, plot_logit_lens
 
 HEADS = 9
