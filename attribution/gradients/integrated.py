@@ -21,7 +21,7 @@ class IntegratedGradients(GradientMethod):
     """Integrated Gradients (Sundararajan et al., 2017, https://arxiv.org/abs/1703.01365).
 
     ``IG_i(x) = (x_i - b_i) int_0^1 dS/dx_i (b + a (x - b)) da``, the integral replaced by ``sum_k w_k g(a_k)``
-    with the nodes and weights of ``method`` (:mod:`attribution.gradients._quadrature`; captum's rules). With
+    with the nodes and weights of ``method`` (captum's rules, see ``docs/methods/gradients.rst``). With
     ``layer``, the path runs between the layer's outputs for the baseline and for the input, the model running on
     the input with that layer's output replaced (captum's ``LayerIntegratedGradients``): for a language model,
     ``layer`` is the embedding module and ``inputs`` may be token ids.
