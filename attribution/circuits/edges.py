@@ -21,8 +21,8 @@ from typing import Any
 
 import torch
 from torch import nn
-from tqdm.auto import tqdm
 
+from .._progress import progress as progress_bar
 from .._run import HookedRun, eager_module, warn
 from ..patching._sweep import check_same_shapes as _check_same_shapes
 from ..patching._sweep import plain as _plain
@@ -143,7 +143,7 @@ def edge_attribution(
         high = grads.metric
         _accumulate(total, model, graph, grads, deltas)
         steps = range(1, ig_steps)
-        for i in tqdm(steps, desc="EAP-IG", disable=not progress or not steps, leave=False):
+        for i in progress_bar(steps, desc="EAP-IG", enabled=progress and bool(steps)):
             point = start + i / ig_steps * deltas[0]
             _accumulate(total, model, graph, gradient_run(model, graph, clean, metric, embed=point), deltas)
     scores = torch.where(graph.edge_mask(), -total / ig_steps, torch.nan)

@@ -15,10 +15,10 @@ from typing import Any, Literal
 
 import torch
 from torch import nn
-from tqdm.auto import tqdm
 
 from hooks import hooked_modules
 
+from .._progress import progress as progress_bar
 from .._run import HookedRun, eager_module
 from ..patching._replay import replaying
 from ..patching._sweep import check_same_shapes as _check_same_shapes
@@ -139,7 +139,7 @@ def faithfulness(
         high = float(metric(run.forward(clean)))
         values = [
             patched_run(model, graph, clean, metric, low, out)
-            for out in tqdm(outs, desc="circuits", disable=not progress, leave=False)
+            for out in progress_bar(outs, desc="circuits", enabled=progress)
         ]
     if high == low.metric:
         raise ValueError(
@@ -230,7 +230,7 @@ def exact_edge_effects(
         high = record_run(model, graph, clean, metric)
         deltas = high.writers - low.writers
         _, plans, replay = stack.enter_context(replaying(model, run.forward, clean, sites, hooked))
-        for i in tqdm(range(len(edges)), desc="exact edges", disable=not progress, leave=False):
+        for i in progress_bar(range(len(edges)), desc="exact edges", enabled=progress):
             if replay is not None and plans is not None:
                 replay.use(plans[i])
             out = torch.zeros(len(graph.writers), len(graph.readers), dtype=torch.bool)
