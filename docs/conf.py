@@ -12,7 +12,7 @@ sys.path.insert(0, str(DOCS / "_ext"))
 project = "hookscope"
 author = "hookscope developers"
 copyright = "hookscope developers"
-release = "0.2.0"
+release = "0.3.0"
 
 extensions = [
     "sphinx.ext.autodoc",
