@@ -112,9 +112,13 @@ class ShardWriter:
         self.written = 0
         self.files: dict[str, BinaryIO] = {}
         self.fields: dict[str, dict[str, Any]] = {}
+        self.digests: list[str] = []
 
-    def append(self, columns: Mapping[str, np.ndarray]) -> None:
-        """Append one batch: every field ``(batch, ...)``, the same fields (dtypes, item shapes) every time."""
+    def append(self, columns: Mapping[str, np.ndarray], digests: Sequence[str] = ()) -> None:
+        """Append one batch: every field ``(batch, ...)``, the same fields (dtypes, item shapes) every time.
+
+        ``digests`` (one per item, of its data) are stored in the shard's ``meta.json`` to check a resume.
+        """
         batch = {len(c) for c in columns.values()}
         if len(batch) != 1:
             raise ValueError(f"fields of one batch differ in length: { {k: len(c) for k, c in columns.items()} }")
@@ -135,6 +139,7 @@ class ShardWriter:
                 )
             self.files[name].write(np.ascontiguousarray(column).data)  # the buffer itself, no copy
         self.written += count
+        self.digests += digests
 
     def _open(self, name: str, column: np.ndarray) -> None:
         f = open(self.tmp / f"{name}.npy", "wb")  # closed in commit or abort
@@ -159,9 +164,8 @@ class ShardWriter:
             f.flush()
             os.fsync(f.fileno())
             f.close()
-        _write_synced(
-            self.tmp / META, json.dumps({"shard": self.shard, "rows": self.rows, "fields": self.fields, **meta})
-        )
+        record = {"shard": self.shard, "rows": self.rows, "fields": self.fields, **meta, "digests": self.digests}
+        _write_synced(self.tmp / META, json.dumps(record))
         os.rename(self.tmp, self.final)
 
     def abort(self) -> None:

@@ -17,6 +17,7 @@ import hashlib
 import inspect
 import json
 import math
+import shutil
 import socket
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -37,9 +38,11 @@ from hooks import HookManager
 from .._progress import DELAY
 from .._run import warn
 from . import _distributed
+from ._identity import UNREADABLE, describe, item_digests, model_digest
 from ._shards import (
     FORMAT,
     MANIFEST,
+    META,
     SETTINGS,
     SHARDS,
     VERSION,
@@ -59,6 +62,7 @@ __all__ = ["Column", "Results", "attribute_dataset", "open_results"]
 DatasetTarget = Union[None, int, str, Sequence[int], torch.Tensor, Callable[[Any], torch.Tensor]]  # noqa: UP007
 _STORAGE = (torch.float32, torch.float16)
 _LABEL_KEYS = ("label", "labels")
+_SAMPLE = 64  # stored items whose data a resume checks (evenly spread over the skipped shards)
 _LOADER_OPTIONS = (
     "num_workers", "collate_fn", "pin_memory", "timeout", "worker_init_fn", "multiprocessing_context", "generator",
     "prefetch_factor", "persistent_workers", "pin_memory_device", "in_order",
@@ -78,6 +82,8 @@ def attribute_dataset(
     shard_size: int | None = None,
     device: torch.device | str | None = None,
     progress: bool = True,
+    run_name: str | None = None,
+    overwrite: bool = False,
 ) -> Results:
     """Run ``method`` over every item of ``data`` and stream the maps to ``out``; resumable; ``torchrun``-ready.
 
@@ -115,12 +121,18 @@ def attribute_dataset(
             a directory and a few file syncs). Keep it a multiple of ``batch_size``: batches never cross shards.
         device: where the inputs go (default: the device of the model's first parameter, else left as they are).
         progress: show a tqdm progress bar with items/s (on rank 0, counting its own share).
+        run_name: a name (or version) for the run, stored with its settings. Needed to resume a run whose method
+            or target holds values that cannot be read (shown as ``<unreadable ...>`` in the settings): the name
+            then vouches that the computation is the same. Give the same name on every resume.
+        overwrite: delete the results already in ``out`` and start over. Without it nothing stored is deleted:
+            a resume that would compute something else (another model, method, target or data) is refused.
 
     Returns:
         The :class:`Results`, read lazily (as :func:`open_results` gives them).
 
     Raises:
-        ValueError: ``out`` holds a run with other settings, a bad ``target``, or maps of the wrong batch size.
+        ValueError: ``out`` holds a run with other settings (model weights, method, target, data, ...), a bad
+            ``target``, or maps of the wrong batch size.
         TypeError: an iterable-style dataset (it has no indices to resume from or to share between processes).
 
     Example:
@@ -135,11 +147,12 @@ def attribute_dataset(
     """
     rank, world = _distributed.setup()
     out = Path(out)
-    plan = _plan(method, data, batch_size, target, model, dtype, topk, shard_size)
-    settings = _settle(out, plan.settings, fixed_shard_size=shard_size is not None, rank=rank)
+    plan = _plan(method, data, batch_size, target, model, dtype, topk, shard_size, run_name)
+    settings = _settle(out, plan.settings, fixed_shard_size=shard_size is not None, rank=rank, overwrite=overwrite)
     size = int(settings["shard_size"])
     mine = list(_distributed.share(shard_count(plan.items, size), rank, world))
     todo = [shard for shard in mine if not is_complete(out, shard)]
+    _check_items(out, plan, size, [shard for shard in mine if shard not in todo])
     batches = [
         list(range(start, min(start + plan.batch_size, rows.stop)))
         for rows in (shard_rows(plan.items, size, shard) for shard in todo)
@@ -192,6 +205,7 @@ def _plan(
     dtype: torch.dtype | str,
     topk: int,
     shard_size: int | None,
+    run_name: str | None,
 ) -> _Plan:
     """Check every argument before anything runs or is written, and describe the run."""
     dataset, options, batch = _dataset(data, batch_size)
@@ -214,9 +228,12 @@ def _plan(
         "dtype": str(storage).removeprefix("torch."),
         "topk": topk,
         "target": _describe_target(target, per_item),
-        "method": _describe(method),
-        "model": None if observed is None else type(observed).__name__,
+        "method": _describe_method(method, observed),
+        "model": None if observed is None else f"{type(observed).__name__} (weights {model_digest(observed)})",
+        "run_name": run_name,
     }
+    if run_name is not None and not isinstance(run_name, str):
+        raise TypeError(f"`run_name` must be a str or None; got {type(run_name).__name__}")
     return _Plan(dataset, options, batch, items, observed, takes_target, per_item, storage, settings)
 
 
@@ -241,7 +258,7 @@ def _write_shards(
                     if writer is None:
                         shard = indices[0] // size
                         writer = ShardWriter(out, shard, len(shard_rows(plan.items, size, shard)))
-                    writer.append(run(batch, indices, observer))
+                    writer.append(run(batch, indices, observer), item_digests(batch, len(indices)))
                     if writer.written == writer.rows:
                         if published is not None:
                             published.result()  # raises what went wrong there
@@ -509,12 +526,12 @@ def _default_shard_size(items: int, batch_size: int) -> int:
     return batch_size * min(16, max(math.ceil(batches / 64), min(4, math.ceil(batches / 8)), 1))
 
 
-def _describe(obj: Any) -> str:
-    """A description of a callable that is the same in every run (no memory addresses)."""
-    text = repr(obj)
-    if " at 0x" in text:
-        named = obj if hasattr(obj, "__qualname__") else type(obj)
-        text = f"{getattr(named, '__module__', '?')}.{named.__qualname__}"
+def _describe_method(method: Callable[..., Any], observed: nn.Module | None) -> str:
+    """The method as :func:`describe` gives it, with the weights of its own model when that is not ``observed``."""
+    text = describe(method)
+    own = getattr(method, "model", None)
+    if isinstance(own, nn.Module) and own is not observed and "(weights " not in text:
+        text += f" on {describe(own)}"
     return text
 
 
@@ -528,14 +545,18 @@ def _describe_target(target: DatasetTarget, per_item: torch.Tensor | None) -> st
         return "labels"
     if isinstance(target, int):
         return f"class {target}"
-    return f"callable {_describe(target)}"
+    return f"callable {describe(target)}"
 
 
-def _settle(out: Path, settings: dict[str, Any], *, fixed_shard_size: bool, rank: int) -> dict[str, Any]:
+def _settle(
+    out: Path, settings: dict[str, Any], *, fixed_shard_size: bool, rank: int, overwrite: bool
+) -> dict[str, Any]:
     """Record the run's settings in ``out``, or check them against those of the run being resumed."""
     path = out / SETTINGS
     if rank == 0:
         out.mkdir(parents=True, exist_ok=True)
+        if overwrite:
+            _clear(out)
         if not path.exists():
             write_json(path, settings)
     _distributed.barrier()
@@ -551,10 +572,52 @@ def _settle(out: Path, settings: dict[str, Any], *, fixed_shard_size: bool, rank
     if differ:
         changes = "; ".join(f"{key}: {stored.get(key)!r} there, {settings[key]!r} now" for key in differ)
         raise ValueError(
-            f"`out` {str(out)!r} holds a run with other settings ({changes}). Use another directory, or delete "
-            "this one to start over"
+            f"`out` {str(out)!r} holds a run with other settings ({changes}); resuming would mix two computations. "
+            "Start over with overwrite=True (deletes the results there), or use another directory"
+        )
+    unreadable = [key for key in ("method", "target") if UNREADABLE in str(settings[key])]
+    if unreadable and settings["run_name"] is None and _started(out):
+        raise ValueError(
+            f"cannot check that the run in `out` {str(out)!r} computed the same {' and '.join(unreadable)} as now: "
+            f"{settings[unreadable[0]]!r} holds values that cannot be read. To resume deliberately, pass the same "
+            "run_name=... on every run (it vouches for the computation); or start over with overwrite=True"
         )
     return settings
+
+
+def _started(out: Path) -> bool:
+    """Whether ``out`` holds any complete shard."""
+    return (out / SHARDS).is_dir() and any((p / META).is_file() for p in (out / SHARDS).iterdir())
+
+
+def _clear(out: Path) -> None:
+    """Delete the results in ``out`` (``overwrite=True``): the manifest first, then settings and shards."""
+    for name in (MANIFEST, SETTINGS):
+        (out / name).unlink(missing_ok=True)
+    if (out / SHARDS).is_dir():
+        shutil.rmtree(out / SHARDS)
+
+
+def _check_items(out: Path, plan: _Plan, size: int, skipped: list[int]) -> None:
+    """Check that the stored items a resume skips come from the same data: a sample of them, by digest."""
+    stored: dict[int, str] = {}
+    for shard in skipped:
+        digests = read_meta(out, shard).get("digests", [])  # absent in shards of an older version
+        stored.update(zip(shard_rows(plan.items, size, shard), digests, strict=False))
+    if not stored:
+        return
+    indices = sorted(stored)
+    sample = [indices[int(i)] for i in np.unique(np.linspace(0, len(indices) - 1, min(len(indices), _SAMPLE)))]
+    chunks = [sample[i : i + plan.batch_size] for i in range(0, len(sample), plan.batch_size)]
+    differ = []
+    for chunk, batch in zip(chunks, DataLoader(plan.dataset, batch_sampler=chunks, **plan.options), strict=True):
+        differ += [i for i, d in zip(chunk, item_digests(batch, len(chunk)), strict=True) if stored[i] != d]
+    if differ:
+        raise ValueError(
+            f"`data` differs from the data of the run stored in `out` {str(out)!r}: items {differ[:10]} (of "
+            f"{len(sample)} stored items checked) have other contents than when they were computed; resuming would "
+            "mix two datasets. Start over with overwrite=True (deletes the results there), or use another directory"
+        )
 
 
 def _write_manifest(out: Path, settings: dict[str, Any], metas: list[dict[str, Any]]) -> None:
