@@ -16,6 +16,8 @@ therefore complete; anything else is a leftover of an interrupted run.
 
 from __future__ import annotations
 
+import hashlib
+import io
 import json
 import os
 import shutil
@@ -111,6 +113,7 @@ class ShardWriter:
         self.rows = rows
         self.written = 0
         self.files: dict[str, BinaryIO] = {}
+        self.hashes: dict[str, Any] = {}  # a sha256 of each file, fed as it is written
         self.fields: dict[str, dict[str, Any]] = {}
         self.digests: list[str] = []
 
@@ -137,7 +140,9 @@ class ShardWriter:
                     f"`{name}` of this batch is {column.dtype} {tuple(column.shape[1:])} per item; earlier items "
                     f"were {np.dtype(spec['dtype'])} {tuple(spec['shape'])}: every item must have the same shape"
                 )
-            self.files[name].write(np.ascontiguousarray(column).data)  # the buffer itself, no copy
+            data = np.ascontiguousarray(column).data  # the buffer itself, no copy
+            self.files[name].write(data)
+            self.hashes[name].update(data)
         self.written += count
         self.digests += digests
 
@@ -148,8 +153,11 @@ class ShardWriter:
             "fortran_order": False,
             "shape": (self.rows, *column.shape[1:]),
         }
-        np.lib.format.write_array_header_1_0(f, header)
+        buffer = io.BytesIO()
+        np.lib.format.write_array_header_1_0(buffer, header)
+        f.write(buffer.getvalue())
         self.files[name] = f
+        self.hashes[name] = hashlib.sha256(buffer.getvalue())
         self.fields[name] = {"dtype": column.dtype.str, "shape": list(column.shape[1:])}
 
     def commit(self, meta: Mapping[str, Any]) -> None:
@@ -160,11 +168,20 @@ class ShardWriter:
         """
         if self.written != self.rows:
             raise RuntimeError(f"shard {self.shard} got {self.written} of its {self.rows} rows")
-        for f in self.files.values():
+        files = {}
+        for name, f in self.files.items():
             f.flush()
             os.fsync(f.fileno())
+            files[f"{name}.npy"] = {"size": f.tell(), "sha256": self.hashes[name].hexdigest()}
             f.close()
-        record = {"shard": self.shard, "rows": self.rows, "fields": self.fields, **meta, "digests": self.digests}
+        record = {
+            "shard": self.shard,
+            "rows": self.rows,
+            "fields": self.fields,
+            "files": files,
+            **meta,
+            "digests": self.digests,
+        }
         _write_synced(self.tmp / META, json.dumps(record))
         os.rename(self.tmp, self.final)
 
@@ -173,6 +190,64 @@ class ShardWriter:
         for f in self.files.values():
             f.close()
         shutil.rmtree(self.tmp, ignore_errors=True)
+
+
+def file_record(path: Path) -> dict[str, Any]:
+    """``{"size": bytes, "sha256": hex}`` of a file."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return {"size": path.stat().st_size, "sha256": h.hexdigest()}
+
+
+def file_damage(path: Path, record: Mapping[str, Any], *, full: bool, shape: Sequence[int] | None = None) -> str:
+    """What is wrong with ``path`` against its ``record`` ("" if nothing): size, ``.npy`` header, checksum if ``full``.
+
+    ``shape`` (with the dtype string as ``record["dtype"]``) is the array the header must announce.
+    """
+    if not path.is_file():
+        return f"{path} is missing"
+    size = path.stat().st_size
+    if size != record["size"]:
+        return f"{path} has {size} bytes; {record['size']} were written (truncated or damaged)"
+    if shape is not None:
+        try:
+            with open(path, "rb") as f:
+                version = np.lib.format.read_magic(f)
+                read = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
+                announced, _, dtype = read(f)
+        except Exception as exc:  # numpy's header parser raises ValueError, SyntaxError, tokenize errors, ...
+            return f"{path} has a damaged .npy header ({type(exc).__name__}: {exc})"
+        if tuple(announced) != tuple(shape) or dtype.str != record["dtype"]:
+            return f"{path} announces {dtype} {tuple(announced)}; {record['dtype']} {tuple(shape)} were written"
+    if full and file_record(path)["sha256"] != record["sha256"]:
+        return f"{path} does not match its checksum (its contents are damaged)"
+    return ""
+
+
+def shard_damage(out: Path, shard: int, *, full: bool, entry: Mapping[str, Any] | None = None) -> str:
+    """What is wrong with complete shard ``shard`` ("" if nothing); checked against its manifest ``entry`` if given.
+
+    Without ``entry`` the shard's own ``meta.json`` is the record (as a resume has it, before any manifest).
+    """
+    directory = shard_dir(out, shard)
+    try:
+        meta = entry if entry is not None else read_meta(out, shard)
+        if entry is not None and entry.get("meta"):
+            problem = file_damage(directory / META, entry["meta"], full=full)
+            if problem:
+                return problem
+    except (OSError, ValueError) as exc:
+        return f"{directory / META} is damaged ({exc})"
+    fields = meta.get("fields", {})
+    for name, record in meta.get("files", {}).items():
+        spec = fields.get(name.removesuffix(".npy"), {})
+        shape = (meta["rows"], *spec.get("shape", ()))
+        problem = file_damage(directory / name, {**record, "dtype": spec.get("dtype")}, full=full, shape=shape)
+        if problem:
+            return problem
+    return ""
 
 
 def _positions(key: Any, length: int) -> np.ndarray | int:

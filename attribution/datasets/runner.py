@@ -17,6 +17,7 @@ import hashlib
 import inspect
 import json
 import math
+import os
 import shutil
 import socket
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -49,9 +50,12 @@ from ._shards import (
     Column,
     Results,
     ShardWriter,
+    file_record,
     is_complete,
     read_meta,
     shard_count,
+    shard_damage,
+    shard_dir,
     shard_rows,
     sync_dir,
     write_json,
@@ -62,6 +66,10 @@ __all__ = ["Column", "Results", "attribute_dataset", "open_results"]
 DatasetTarget = Union[None, int, str, Sequence[int], torch.Tensor, Callable[[Any], torch.Tensor]]  # noqa: UP007
 _STORAGE = (torch.float32, torch.float16)
 _LABEL_KEYS = ("label", "labels")
+_REPAIR = (
+    "run attribute_dataset again with the same arguments: it recomputes the damaged shards (and only those) and "
+    "rebuilds the manifest"
+)
 _SAMPLE = 64  # stored items whose data a resume checks (evenly spread over the skipped shards)
 _LOADER_OPTIONS = (
     "num_workers", "collate_fn", "pin_memory", "timeout", "worker_init_fn", "multiprocessing_context", "generator",
@@ -151,7 +159,8 @@ def attribute_dataset(
     settings = _settle(out, plan.settings, fixed_shard_size=shard_size is not None, rank=rank, overwrite=overwrite)
     size = int(settings["shard_size"])
     mine = list(_distributed.share(shard_count(plan.items, size), rank, world))
-    todo = [shard for shard in mine if not is_complete(out, shard)]
+    damaged = _damaged(out, mine, rank)
+    todo = sorted({shard for shard in mine if not is_complete(out, shard)} | set(damaged))
     _check_items(out, plan, size, [shard for shard in mine if shard not in todo])
     batches = [
         list(range(start, min(start + plan.batch_size, rows.stop)))
@@ -171,7 +180,7 @@ def attribute_dataset(
         dynamic_ncols=True,
         delay=DELAY,
     )
-    meta = {"rank": rank, "world": world, "host": socket.gethostname()}
+    meta = {"rank": rank, "world": world, "host": socket.gethostname(), "settings": settings}
     _write_shards(out, plan, size, batches, run, bar, meta)
     sync_dir(out / SHARDS)
     gathered = _distributed.all_gather([read_meta(out, shard) for shard in mine])
@@ -275,17 +284,23 @@ def _write_shards(
             bar.close()
 
 
-def open_results(out: str | Path) -> Results:
+def open_results(out: str | Path, *, verify: bool = False) -> Results:
     """The results that :func:`attribute_dataset` wrote to ``out``, read lazily and indexed by dataset index.
+
+    Every file is checked cheaply against the manifest (its size, and the array its ``.npy`` header announces);
+    ``verify=True`` also compares each file's SHA-256 with the one recorded when it was written (reads everything).
 
     Args:
         out: the output directory of a finished run.
+        verify: check every file's checksum too.
 
     Returns:
         The :class:`Results`: ``len(res)``, ``res.maps[i]``, ``res.targets[i]``, ``res.classes[i]``, ...
 
     Raises:
         FileNotFoundError: ``out`` holds no results, or a run that has not finished (run it again to finish it).
+        ValueError: a damaged file (named in the message; running :func:`attribute_dataset` again with the same
+            arguments recomputes the damaged shards and rebuilds the manifest).
 
     Example:
         >>> import tempfile, torch
@@ -299,8 +314,8 @@ def open_results(out: str | Path) -> Results:
     out = Path(out)
     path = out / MANIFEST
     if not path.is_file():
-        if (out / SETTINGS).is_file():
-            settings = json.loads((out / SETTINGS).read_text())
+        settings = _read(out / SETTINGS)
+        if settings is not None:
             count = shard_count(settings["items"], settings["shard_size"])
             done = sum(is_complete(out, shard) for shard in range(count))
             raise FileNotFoundError(
@@ -310,12 +325,20 @@ def open_results(out: str | Path) -> Results:
         raise FileNotFoundError(
             f"{out} holds no attribution results (no {MANIFEST}); write them with attribute_dataset(method, data, out)"
         )
-    manifest = json.loads(path.read_text())
+    try:
+        manifest = json.loads(path.read_text())
+    except ValueError as exc:
+        raise ValueError(f"{path} is damaged ({exc}); {_REPAIR}") from None
     if manifest.get("format") != FORMAT or manifest.get("version") != VERSION:
         raise ValueError(
             f"{path} is not a results manifest of this version (format {manifest.get('format')!r}, version "
             f"{manifest.get('version')!r}; this library reads {FORMAT!r} version {VERSION})"
         )
+    for entry in manifest["shards"]:
+        if entry.get("files") is not None:
+            problem = shard_damage(out, entry["shard"], full=verify, entry=entry)
+            if problem:
+                raise ValueError(f"{problem}; {_REPAIR}")
     return Results(out, manifest)
 
 
@@ -559,13 +582,20 @@ def _settle(
             _clear(out)
         if not path.exists():
             write_json(path, settings)
+        elif _read(path) is None:
+            _rebuild_settings(out, settings)
     _distributed.barrier()
     if not path.is_file():
         raise FileNotFoundError(
             f"{path} is missing here, though rank 0 wrote it: `out` must be on a file system that every process "
             "sees (for several machines, a shared one)"
         )
-    stored = json.loads(path.read_text())
+    stored = _read(path)
+    if stored is None:
+        raise ValueError(
+            f"{path} is empty or damaged and no copy of it is left in the manifest or the shards, so what the "
+            "stored results computed is unknown: start over with overwrite=True, or use another directory"
+        )
     if not fixed_shard_size and "shard_size" in stored:
         settings = {**settings, "shard_size": stored["shard_size"]}  # resuming with another batch size is fine
     differ = [key for key in settings if stored.get(key) != settings[key]]
@@ -585,6 +615,27 @@ def _settle(
     return settings
 
 
+def _read(path: Path) -> dict[str, Any] | None:
+    """The JSON object in ``path``; None if it is missing, empty or damaged."""
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def _rebuild_settings(out: Path, settings: dict[str, Any]) -> None:
+    """Write a damaged ``settings.json`` again from its copy in the manifest or a shard (now's, if none started)."""
+    copies = [(_read(out / MANIFEST) or {}).get("settings")]
+    if (out / SHARDS).is_dir():
+        copies += [(_read(p / META) or {}).get("settings") for p in sorted((out / SHARDS).iterdir())]
+    copy = next((c for c in copies if isinstance(c, dict)), None)
+    if copy is None and _started(out):
+        return  # refused by the caller: nothing tells what the stored shards computed
+    warn(f"{out / SETTINGS} was empty or damaged; written again from " + ("a copy" if copy else "this run"))
+    write_json(out / SETTINGS, copy or settings)
+
+
 def _started(out: Path) -> bool:
     """Whether ``out`` holds any complete shard."""
     return (out / SHARDS).is_dir() and any((p / META).is_file() for p in (out / SHARDS).iterdir())
@@ -596,6 +647,27 @@ def _clear(out: Path) -> None:
         (out / name).unlink(missing_ok=True)
     if (out / SHARDS).is_dir():
         shutil.rmtree(out / SHARDS)
+
+
+def _damaged(out: Path, mine: list[int], rank: int) -> list[int]:
+    """The complete shards of ``mine`` whose files fail their checksums: warned about, removed, to recompute."""
+    damaged = {}
+    for shard in mine:
+        if shard_dir(out, shard).is_dir():
+            complete = is_complete(out, shard)
+            why = shard_damage(out, shard, full=True) if complete else f"{shard_dir(out, shard) / META} is missing"
+            if why:
+                damaged[shard] = why
+    if damaged:
+        warn(
+            f"rank {rank}: {len(damaged)} stored shard(s) of `out` are damaged and are computed again: "
+            + "; ".join(damaged.values()),
+        )
+    for shard in damaged:
+        doomed = shard_dir(out, shard).with_name(f"{shard_dir(out, shard).name}.tmp-damaged")
+        os.replace(shard_dir(out, shard), doomed)  # no longer complete, even if the removal is interrupted
+        shutil.rmtree(doomed)
+    return sorted(damaged)
 
 
 def _check_items(out: Path, plan: _Plan, size: int, skipped: list[int]) -> None:
@@ -640,6 +712,12 @@ def _write_manifest(out: Path, settings: dict[str, Any], metas: list[dict[str, A
         "shard_size": settings["shard_size"],
         "fields": fields,
         "settings": settings,
-        "shards": [{"shard": m["shard"], "rows": m["rows"], "rank": m["rank"], "host": m["host"]} for m in metas],
+        "shards": [
+            {
+                **{key: m.get(key) for key in ("shard", "rows", "rank", "host", "fields", "files")},
+                "meta": file_record(shard_dir(out, m["shard"]) / META),
+            }
+            for m in metas
+        ],
     }
     write_json(out / MANIFEST, manifest)
