@@ -22,7 +22,7 @@ import shutil
 import socket
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Union
@@ -38,8 +38,9 @@ from hooks import HookManager
 
 from .._progress import DELAY
 from .._run import warn
-from . import _distributed
+from . import _distributed, _lock
 from ._identity import UNREADABLE, describe, item_digests, model_digest
+from ._lock import InUseError
 from ._shards import (
     FORMAT,
     MANIFEST,
@@ -156,7 +157,28 @@ def attribute_dataset(
     rank, world = _distributed.setup()
     out = Path(out)
     plan = _plan(method, data, batch_size, target, model, dtype, topk, shard_size, run_name)
-    settings = _settle(out, plan.settings, fixed_shard_size=shard_size is not None, rank=rank, overwrite=overwrite)
+    fixed = shard_size is not None
+    with _claim(out, rank) as writable:
+        if not writable:
+            return _read_only(out, plan, fixed_shard_size=fixed)
+        settings = _settle(out, plan.settings, fixed_shard_size=fixed, rank=rank, overwrite=overwrite)
+        _compute(out, plan, settings, method, target, device, progress, rank, world)
+    _distributed.barrier()
+    return open_results(out)
+
+
+def _compute(
+    out: Path,
+    plan: _Plan,
+    settings: dict[str, Any],
+    method: Callable[..., torch.Tensor],
+    target: DatasetTarget,
+    device: torch.device | str | None,
+    progress: bool,
+    rank: int,
+    world: int,
+) -> None:
+    """Compute this process's missing (or damaged) shards and, on rank 0, write the manifest once all are there."""
     size = int(settings["shard_size"])
     mine = list(_distributed.share(shard_count(plan.items, size), rank, world))
     damaged = _damaged(out, mine, rank)
@@ -169,7 +191,7 @@ def attribute_dataset(
     ]
     if device is None and plan.observed is not None:
         device = next((p.device for p in plan.observed.parameters()), None)
-    run = _Batch(method, plan.takes_target, target, plan.per_item, plan.storage, topk, device)
+    run = _Batch(method, plan.takes_target, target, plan.per_item, plan.storage, int(settings["topk"]), device)
     total = sum(len(shard_rows(plan.items, size, shard)) for shard in mine)
     bar = tqdm(
         total=total,
@@ -186,8 +208,6 @@ def attribute_dataset(
     gathered = _distributed.all_gather([read_meta(out, shard) for shard in mine])
     if rank == 0:
         _write_manifest(out, settings, [shard_meta for rank_metas in gathered for shard_meta in rank_metas])
-    _distributed.barrier()
-    return open_results(out)
 
 
 @dataclass(frozen=True)
@@ -596,6 +616,11 @@ def _settle(
             f"{path} is empty or damaged and no copy of it is left in the manifest or the shards, so what the "
             "stored results computed is unknown: start over with overwrite=True, or use another directory"
         )
+    return _compare(out, stored, settings, fixed_shard_size=fixed_shard_size)
+
+
+def _compare(out: Path, stored: dict[str, Any], settings: dict[str, Any], *, fixed_shard_size: bool) -> dict[str, Any]:
+    """The run's settings if they match the ``stored`` ones (the stored shard size unless fixed); else an error."""
     if not fixed_shard_size and "shard_size" in stored:
         settings = {**settings, "shard_size": stored["shard_size"]}  # resuming with another batch size is fine
     differ = [key for key in settings if stored.get(key) != settings[key]]
@@ -613,6 +638,44 @@ def _settle(
             "run_name=... on every run (it vouches for the computation); or start over with overwrite=True"
         )
     return settings
+
+
+@contextmanager
+def _claim(out: Path, rank: int) -> Iterator[bool]:
+    """Rank 0 holds ``out``'s lock while the body runs (and first removes the leftovers of killed runs).
+
+    Every process gets rank 0's verdict: writable, read-only (False), or in use (:class:`InUseError`).
+    """
+    with ExitStack() as stack:
+        error, writable = "", True
+        if rank == 0:
+            try:
+                writable = stack.enter_context(_lock.writer(out))
+            except InUseError as exc:
+                error = str(exc)
+            if writable and not error:
+                _lock.remove_stale(out)
+        error, writable = _distributed.all_gather((error, writable))[0]
+        if error:
+            raise InUseError(error)
+        yield writable
+
+
+def _read_only(out: Path, plan: _Plan, *, fixed_shard_size: bool) -> Results:
+    """The finished run in a folder that cannot be written, checked as a resume would check it; nothing written."""
+    try:
+        stored = _read(out / SETTINGS)
+        if stored is None:
+            raise ValueError(f"{out / SETTINGS} is missing, empty or damaged")
+        settings = _compare(out, stored, plan.settings, fixed_shard_size=fixed_shard_size)
+        results = open_results(out, verify=True)
+        _check_items(out, plan, settings["shard_size"], list(range(shard_count(plan.items, settings["shard_size"]))))
+    except (OSError, ValueError) as exc:
+        raise PermissionError(
+            f"`out` {str(out)!r} cannot be written (read-only), so only a finished run of the same settings can be "
+            f"returned from it, and this one cannot: {exc}"
+        ) from None
+    return results
 
 
 def _read(path: Path) -> dict[str, Any] | None:
@@ -720,4 +783,5 @@ def _write_manifest(out: Path, settings: dict[str, Any], metas: list[dict[str, A
             for m in metas
         ],
     }
-    write_json(out / MANIFEST, manifest)
+    if _read(out / MANIFEST) != manifest:  # a finished run opened again writes nothing
+        write_json(out / MANIFEST, manifest)
