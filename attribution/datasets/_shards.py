@@ -116,11 +116,15 @@ class ShardWriter:
         self.hashes: dict[str, Any] = {}  # a sha256 of each file, fed as it is written
         self.fields: dict[str, dict[str, Any]] = {}
         self.digests: list[str] = []
+        self.failures: dict[str, str] = {}
 
-    def append(self, columns: Mapping[str, np.ndarray], digests: Sequence[str] = ()) -> None:
+    def append(
+        self, columns: Mapping[str, np.ndarray], digests: Sequence[str] = (), failures: Mapping[int, str] = {}
+    ) -> None:
         """Append one batch: every field ``(batch, ...)``, the same fields (dtypes, item shapes) every time.
 
-        ``digests`` (one per item, of its data) are stored in the shard's ``meta.json`` to check a resume.
+        ``digests`` (one per item, of its data) and ``failures`` (dataset index -> why its map is not valid) are
+        stored in the shard's ``meta.json``: the digests to check a resume, the failures for ``Results.failures``.
         """
         batch = {len(c) for c in columns.values()}
         if len(batch) != 1:
@@ -145,6 +149,7 @@ class ShardWriter:
             self.hashes[name].update(data)
         self.written += count
         self.digests += digests
+        self.failures.update({str(index): why for index, why in failures.items()})
 
     def _open(self, name: str, column: np.ndarray) -> None:
         f = open(self.tmp / f"{name}.npy", "wb")  # closed in commit or abort
@@ -180,6 +185,7 @@ class ShardWriter:
             "fields": self.fields,
             "files": files,
             **meta,
+            "failures": self.failures,
             "digests": self.digests,
         }
         _write_synced(self.tmp / META, json.dumps(record))
@@ -331,6 +337,8 @@ class Results:
         path: the output directory.
         fields: the stored fields, e.g. ``("maps", "targets", "index", "classes", "scores", "probs")``.
         settings: what the run computed (method, target, dtype, shard size, ...).
+        failures: ``{dataset index: why}`` for the items whose input, model output or map held NaN or inf (their
+            maps are stored as NaN).
     """
 
     def __init__(self, path: Path, manifest: Mapping[str, Any]) -> None:
@@ -340,6 +348,7 @@ class Results:
         self._fields: dict[str, dict[str, Any]] = dict(manifest["fields"])
         self.fields = tuple(self._fields)
         self.settings: dict[str, Any] = dict(manifest["settings"])
+        self.failures: dict[int, str] = {int(i): why for i, why in manifest.get("failures", {}).items()}
         self._open: OrderedDict[tuple[int, str], np.ndarray] = OrderedDict()
 
     def __len__(self) -> int:

@@ -287,7 +287,8 @@ def _write_shards(
                     if writer is None:
                         shard = indices[0] // size
                         writer = ShardWriter(out, shard, len(shard_rows(plan.items, size, shard)))
-                    writer.append(run(batch, indices, observer), item_digests(batch, len(indices)))
+                    columns = run(batch, indices, observer)
+                    writer.append(columns, item_digests(batch, len(indices)), run.failures)
                     if writer.written == writer.rows:
                         if published is not None:
                             published.result()  # raises what went wrong there
@@ -384,6 +385,7 @@ class _Batch:
         self.topk = topk
         self.device = device
         self.warned_overflow = False
+        self.failures: dict[int, str] = {}  # dataset index -> why, for the last batch
 
     def __call__(self, batch: Any, indices: list[int], observer: _Observer) -> dict[str, np.ndarray]:
         inputs, labels = _split(batch)
@@ -407,6 +409,14 @@ class _Batch:
             )
             self.warned_overflow = True
         logits = observer.logits
+        self.failures = _nonfinite(inputs, logits, maps, indices)
+        if self.failures:
+            stored[[indices.index(i) for i in self.failures]] = float("nan")  # never a valid-looking map
+            warn(
+                "; ".join(f"item {index}: {why}" for index, why in sorted(self.failures.items()))
+                + ". Their maps are stored as NaN and listed in `results.failures`; check those items (and the "
+                "model) for NaN or inf",
+            )
         columns = {"maps": stored.numpy(), "index": np.asarray(indices, dtype=np.int64)}
         columns["targets"] = self._used(given, logits, len(indices))
         if logits is not None and self.topk:
@@ -472,6 +482,21 @@ def _observing(model: nn.Module | None) -> Iterator[_Observer]:
     with HookManager(model) as mgr:
         mgr.group("attribute_dataset.observe").forward("", observer.keep)
         yield observer
+
+
+def _nonfinite(inputs: Any, logits: torch.Tensor | None, maps: torch.Tensor, indices: list[int]) -> dict[int, str]:
+    """``{dataset index: why}`` for the items whose input, model output or map holds NaN or inf."""
+    checks = [(leaf, "input") for leaf in pytree.tree_leaves(inputs)] + [(logits, "model output"), (maps, "map")]
+    failures: dict[int, str] = {}
+    for tensor, what in checks:
+        if not isinstance(tensor, torch.Tensor) or not tensor.is_floating_point() or tensor.dim() == 0:
+            continue
+        if tensor.shape[0] != len(indices):
+            continue
+        bad = ~torch.isfinite(tensor.detach()).reshape(len(indices), -1).all(dim=1)
+        for row in bad.nonzero().flatten().tolist():
+            failures.setdefault(indices[row], f"{what} holds NaN or inf")
+    return failures
 
 
 def _overflows(maps: torch.Tensor, stored: torch.Tensor) -> bool:
@@ -775,6 +800,7 @@ def _write_manifest(out: Path, settings: dict[str, Any], metas: list[dict[str, A
         "shard_size": settings["shard_size"],
         "fields": fields,
         "settings": settings,
+        "failures": {str(i): why for m in metas for i, why in sorted(m.get("failures", {}).items())},
         "shards": [
             {
                 **{key: m.get(key) for key in ("shard", "rows", "rank", "host", "fields", "files")},
