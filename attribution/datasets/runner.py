@@ -31,7 +31,7 @@ import numpy as np
 import torch
 from torch import nn
 from torch.utils import _pytree as pytree
-from torch.utils.data import DataLoader, Dataset, IterableDataset
+from torch.utils.data import BatchSampler, DataLoader, Dataset, IterableDataset, RandomSampler, SequentialSampler
 from tqdm.auto import tqdm
 
 from hooks import HookManager
@@ -113,7 +113,8 @@ def attribute_dataset(
             a function; a callable without a second parameter (:class:`~attribution.AttentionRollout`) gets
             ``method(inputs)``.
         data: a map-style ``Dataset`` (or a sequence), or a ``DataLoader`` whose loading options (workers,
-            ``collate_fn``, pinned memory) are kept while its sampler is replaced: items are taken in index order.
+            ``collate_fn``, pinned memory) are kept; items are taken in index order (a shuffling sampler is
+            ignored), and a sampler over other items (a subset, ``drop_last=True``, a batch sampler) is refused.
         out: the output directory (created if needed).
         batch_size: items per call of ``method`` (default: the ``DataLoader``'s batch size).
         target: ``None``: each item's top class; an int: that class for all; ``"label"``: each item's label; a
@@ -520,11 +521,13 @@ def _dataset(data: Any, batch_size: int | None) -> tuple[Any, dict[str, Any], in
     dataset = data
     if isinstance(data, DataLoader):
         dataset = data.dataset
+        _check_sampler(data)
         accepted = inspect.signature(DataLoader.__init__).parameters
         options = {k: getattr(data, k) for k in _LOADER_OPTIONS if k in accepted and hasattr(data, k)}
         if not options.get("num_workers"):
             options.pop("prefetch_factor", None)
         batch_size = batch_size if batch_size is not None else data.batch_size
+        batch_size = batch_size if batch_size is not None else getattr(data.batch_sampler, "batch_size", None)
     if isinstance(dataset, IterableDataset):
         raise TypeError(
             f"`data` is an iterable-style dataset ({type(dataset).__name__}): attribute_dataset needs indices to "
@@ -539,6 +542,29 @@ def _dataset(data: Any, batch_size: int | None) -> tuple[Any, dict[str, Any], in
     if len(dataset) == 0:
         raise ValueError("`data` is empty")
     return dataset, options, batch_size
+
+
+def _check_sampler(loader: DataLoader[Any]) -> None:
+    """Refuse a loader whose sampler takes another set of items than ``range(len(dataset))`` (never ignore it)."""
+    batch_sampler = loader.batch_sampler
+    sampler = getattr(batch_sampler, "sampler", loader.sampler)
+    why = ""
+    if batch_sampler is not None and type(batch_sampler) is not BatchSampler:
+        why = f"a batch sampler ({type(batch_sampler).__name__})"
+    elif getattr(batch_sampler, "drop_last", False):
+        why = "drop_last=True (it drops the last items)"
+    elif isinstance(sampler, RandomSampler) and (
+        sampler.replacement or sampler.num_samples != len(sampler.data_source)
+    ):
+        why = "a RandomSampler with replacement or num_samples (not every item once)"
+    elif not isinstance(sampler, (SequentialSampler, RandomSampler)):
+        why = f"a {type(sampler).__name__}"
+    if why:
+        raise ValueError(
+            f"`data` is a DataLoader with {why}; attribute_dataset computes every item of the loader's dataset once, "
+            "in index order, so that runs can resume and be shared between processes. To run on some items, pass "
+            "torch.utils.data.Subset(dataset, indices) (in a DataLoader without a sampler, if you need its options)"
+        )
 
 
 def _takes_target(method: Callable[..., Any]) -> bool:

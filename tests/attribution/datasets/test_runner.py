@@ -357,3 +357,22 @@ def test_mean_patching_takes_any_function_with_the_patching_signature():
         mean_patching(torch.nn.Identity(), uneven, "x", None, patching=attribution_patching)
     with pytest.raises(ValueError, match="pair 0 must be \\(clean, corrupted\\)"):
         mean_patching(torch.nn.Identity(), [torch.ones(2)], "x", None, patching=attribution_patching)
+
+
+def test_samplers_that_take_other_items_are_refused(data, tmp_path):
+    subset = torch.utils.data.SubsetRandomSampler([1, 4, 6])
+    batches = torch.utils.data.BatchSampler(torch.utils.data.SequentialSampler(data), 2, drop_last=False)
+    cases = {
+        "a SubsetRandomSampler": DataLoader(data, batch_size=2, sampler=subset),
+        "drop_last=True": DataLoader(data, batch_size=2, drop_last=True),
+        r"a batch sampler \(list\)": DataLoader(data, batch_sampler=[[0, 1], [2]]),
+        "a RandomSampler with replacement": DataLoader(
+            data, batch_size=2, sampler=torch.utils.data.RandomSampler(data, replacement=True)
+        ),
+    }
+    for why, loader in cases.items():
+        with pytest.raises(ValueError, match=f"DataLoader with {why}.*Subset"):
+            attribute_dataset(lambda x, t: x.mean(1), loader, tmp_path / "x", progress=False)
+    assert not (tmp_path / "x").exists()  # refused before anything is written
+    res = attribute_dataset(lambda x, t: x.mean(1), DataLoader(data, batch_sampler=batches), tmp_path / "y")
+    assert torch.equal(res.index[:], torch.arange(ITEMS))  # a plain BatchSampler over every item is fine
