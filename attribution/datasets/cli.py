@@ -19,9 +19,13 @@ from __future__ import annotations
 import argparse
 import csv
 import io
+import json
 import os
+import signal
 import sys
-from collections.abc import Sequence
+import threading
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -34,7 +38,8 @@ from .. import _maps
 from .._progress import progress as progress_bar
 from ..cam import EigenCAM, GradCAM, GradCAMPlusPlus, HiResCAM, LayerCAM, ScoreCAM, XGradCAM
 from . import _distributed
-from ._shards import Results
+from ._lock import InUseError
+from ._shards import META, SETTINGS, SHARDS, Results
 from .runner import attribute_dataset
 
 METHODS: dict[str, type[GradCAM] | type[Any]] = {
@@ -229,9 +234,10 @@ def _overlay_names(files: Sequence[Path]) -> list[Path]:
 def _parser() -> argparse.ArgumentParser:
     """The command line's argument parser."""
     p = argparse.ArgumentParser(
-        prog="python -m attribution.cli",
+        prog="hookscope-cam",
         description=__doc__.split("\n\n")[0] if __doc__ else None,
-        epilog="Under torchrun: torchrun --standalone --nproc_per_node=N -m attribution.cli IMAGES OUT ...",
+        epilog="Also python -m attribution.cli. Under torchrun: torchrun --standalone --nproc_per_node=N -m "
+        "attribution.cli IMAGES OUT ...",
     )
     p.add_argument("images", type=Path, help="folder of images (searched recursively)")
     p.add_argument("out", type=Path, help="output folder (results, files.txt, summary.csv, overlays/)")
@@ -256,18 +262,93 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--cmap", default="jet", help="matplotlib colour map of the overlays (default: jet)")
     p.add_argument("--alpha", type=float, default=0.5, help="opacity of the map in the overlays (default: 0.5)")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
+    p.add_argument("--overwrite", action="store_true", help="delete the results already in OUT and start over")
     return p
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run the command line (``python -m attribution.cli --help``); returns the exit status."""
+    """Run the command line (``hookscope-cam --help``); returns the exit status.
+
+    A user error (a wrong layer, target, model or folder; an ``OUT`` of other settings or in use) is one ``error:``
+    line on stderr and exit status 2; Ctrl-C says how far the run got and exits with 130, ``SIGTERM`` with 143
+    (the shard being written is removed first: a scheduler's kill leaves no temporary files).
+    """
     args = _parser().parse_args(argv)
+    try:
+        with _terminate_as_exception():
+            return _run(args)
+    except (KeyboardInterrupt, _Terminated) as exc:
+        verb, status = ("terminated", 143) if isinstance(exc, _Terminated) else ("interrupted", 130)
+        print(f"{verb} after {_done(args.out)}; run the same command again to resume", file=sys.stderr)
+        return status
+    except SystemExit as exc:
+        if not isinstance(exc.code, str):
+            raise
+        print(_one_line(exc.code.removeprefix("error: ")), file=sys.stderr)
+        return 2
+    except _USER_ERRORS as exc:
+        print(_one_line(str(exc.args[0]) if isinstance(exc, KeyError) and exc.args else str(exc)), file=sys.stderr)
+        return 2
+
+
+_USER_ERRORS = (ValueError, KeyError, IndexError, TypeError, FileNotFoundError, PermissionError, InUseError)
+
+
+class _Terminated(Exception):
+    """``SIGTERM`` arrived (raised in the main thread, so that the run cleans up as after Ctrl-C)."""
+
+
+@contextmanager
+def _terminate_as_exception() -> Iterator[None]:
+    """While the body runs, ``SIGTERM`` raises :class:`_Terminated` (in the main thread only; else nothing)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def terminate(signum: int, frame: Any) -> None:
+        raise _Terminated
+
+    previous = signal.signal(signal.SIGTERM, terminate)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _one_line(message: str) -> str:
+    return "error: " + " ".join(message.split())
+
+
+def _done(out: Path) -> str:
+    """``N of M items`` stored in ``out`` (complete shards), as far as its files tell."""
+    try:
+        items = json.loads((out / SETTINGS).read_text())["items"]
+    except (OSError, ValueError, KeyError):
+        return "0 items"
+    done = 0
+    for meta in (out / SHARDS).glob(f"*/{META}"):
+        try:
+            done += int(json.loads(meta.read_text())["rows"])
+        except (OSError, ValueError, KeyError):
+            pass
+    return f"{done} of {items} items"
+
+
+def _run(args: argparse.Namespace) -> int:
+    """The command line's work, once its arguments are parsed."""
     rank, world = _distributed.setup()
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     try:
         images = ImageFolder(args.images, size=args.size, crop=args.crop, mean=args.mean, std=args.std)
     except FileNotFoundError as exc:
         raise SystemExit(f"error: {exc}") from None
+    if args.checkpoint is None and not args.pretrained and rank == 0:
+        print(
+            f"warning: --model {args.model} has RANDOM weights (no --checkpoint or --pretrained): its maps, classes "
+            "and summary.csv explain an untrained network. Fine to test a pipeline; pass --checkpoint PATH or "
+            "--pretrained for real explanations",
+            file=sys.stderr,
+        )
     model = build_model(
         args.model, checkpoint=args.checkpoint, pretrained=args.pretrained, num_classes=args.num_classes
     ).to(device)
@@ -283,6 +364,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         topk=args.topk,
         device=device,
         progress=not args.quiet,
+        overwrite=args.overwrite,
     )
     if rank == 0:
         _write_text(args.out / "files.txt", "".join(f"{f.as_posix()}\n" for f in images.files))
