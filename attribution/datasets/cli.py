@@ -9,7 +9,7 @@ Four processes on this machine (each takes its share; the results are the same):
     torchrun --standalone --nproc_per_node=4 -m attribution.cli IMAGES OUT --model resnet50 --layer layer4 ...
 
 ``OUT`` receives the results of :func:`attribution.attribute_dataset` (read them with
-:func:`attribution.open_results`), ``files.txt`` (the image of each dataset index), ``summary.csv`` (target, top
+:func:`attribution.open_results`), ``files.json`` (the image of each dataset index), ``summary.csv`` (target, top
 class and its probability per image) and ``overlays/``: each image with its map, at the model's input size. An
 interrupted run started again with the same arguments resumes.
 """
@@ -36,6 +36,7 @@ from torch.utils.data import Dataset
 
 from .. import _maps
 from .._progress import progress as progress_bar
+from .._run import warn
 from ..cam import EigenCAM, GradCAM, GradCAMPlusPlus, HiResCAM, LayerCAM, ScoreCAM, XGradCAM
 from . import _distributed
 from ._lock import InUseError
@@ -59,8 +60,10 @@ IMAGENET_STD = (0.229, 0.224, 0.225)
 class ImageFolder(Dataset[torch.Tensor]):
     """Every image file under ``root`` (any depth), sorted by relative path; items are preprocessed tensors.
 
-    Preprocessing, as for ImageNet models: resize the shorter side to ``size / crop``, centre-crop ``size``, scale
-    to [0, 1], normalise with ``mean`` and ``std``.
+    Preprocessing, as for ImageNet models: resize the shorter side to ``size / crop`` (bicubic, antialiased, as
+    timm's and TensorFlow's ImageNet evaluation and the examples do), centre-crop ``size``, scale to [0, 1],
+    normalise with ``mean`` and ``std``. Files are read by :func:`read_rgb`; one that cannot be read is skipped
+    with a warning naming it: its item is all NaN, so the run records it in ``results.failures``.
     """
 
     def __init__(self, root: Path, *, size: int, crop: float, mean: Sequence[float], std: Sequence[float]) -> None:
@@ -69,6 +72,7 @@ class ImageFolder(Dataset[torch.Tensor]):
         if not root.is_dir():
             raise FileNotFoundError(f"`images` {str(root)!r} is not a directory")
         self.root = root
+        self.size = size
         self.files = sorted(
             p.relative_to(root) for p in root.rglob("*") if p.suffix.lower() in EXTENSIONS and p.is_file()
         )
@@ -76,7 +80,7 @@ class ImageFolder(Dataset[torch.Tensor]):
             raise FileNotFoundError(f"no image under {root} (looked for {', '.join(sorted(EXTENSIONS))})")
         self.transform = transforms.Compose(
             [
-                transforms.Resize(round(size / crop)),
+                transforms.Resize(round(size / crop), interpolation=transforms.InterpolationMode.BICUBIC),
                 transforms.CenterCrop(size),
                 transforms.ToTensor(),
                 transforms.Normalize(mean, std),
@@ -87,11 +91,38 @@ class ImageFolder(Dataset[torch.Tensor]):
         return len(self.files)
 
     def __getitem__(self, index: int) -> torch.Tensor:
-        from PIL import Image
-
-        with Image.open(self.root / self.files[index]) as image:
-            tensor: torch.Tensor = self.transform(image.convert("RGB"))
+        """The preprocessed image; all NaN (a failure the run records) if the file cannot be read, with a warning."""
+        path = self.root / self.files[index]
+        try:
+            image = read_rgb(path)
+        except Exception as exc:  # PIL raises OSError, SyntaxError, ValueError, DecompressionBombError, ...
+            warn(f"skipped {str(path)!r}, which cannot be read as an image ({type(exc).__name__}: {exc})")
+            return torch.full((3, self.size, self.size), float("nan"))
+        tensor: torch.Tensor = self.transform(image)
         return tensor
+
+
+def read_rgb(path: Path) -> Any:
+    """An image file as an 8-bit RGB PIL image, read as it is meant to be seen.
+
+    EXIF orientation applied; 16-bit greyscale scaled to 8 bits (not clipped); palette and greyscale converted;
+    transparency composited over white.
+    """
+    from PIL import Image, ImageOps
+
+    with Image.open(path) as opened:
+        image = ImageOps.exif_transpose(opened)
+        image.load()
+    if image.mode in ("I;16", "I;16B", "I;16L", "I;16N", "I"):  # 16-bit (or 32-bit) greyscale
+        peak = 65535.0 if image.mode.startswith("I;16") or np.asarray(image).max() <= 65535 else 2.0**31 - 1
+        grey = np.asarray(image, dtype=np.float64) / peak
+        image = Image.fromarray(np.round(np.clip(grey, 0, 1) * 255).astype(np.uint8), mode="L")
+    if image.mode == "P" or image.mode in ("LA", "PA", "La"):
+        image = image.convert("RGBA")
+    if image.mode == "RGBA":
+        white = Image.new("RGBA", image.size, (255, 255, 255, 255))
+        image = Image.alpha_composite(white, image)
+    return image.convert("RGB")
 
 
 def build_model(name: str, *, checkpoint: Path | None, pretrained: bool, num_classes: int | None) -> nn.Module:
@@ -212,7 +243,7 @@ def write_overlays(
     mine = _distributed.share(len(results), rank, world)
     for i in progress_bar(mine, desc="overlays", enabled=progress and rank == 0, leave=True, dynamic_ncols=True):
         path = folder / names[i]
-        if path.exists():
+        if path.exists() or i in results.failures:  # an unreadable image has no overlay
             continue
         path.parent.mkdir(parents=True, exist_ok=True)
         pixels = blend(_maps.to_rgb(images[i], mean, std), results.maps[i], cmap=cmap, alpha=alpha)
@@ -240,7 +271,7 @@ def _parser() -> argparse.ArgumentParser:
         "attribution.cli IMAGES OUT ...",
     )
     p.add_argument("images", type=Path, help="folder of images (searched recursively)")
-    p.add_argument("out", type=Path, help="output folder (results, files.txt, summary.csv, overlays/)")
+    p.add_argument("out", type=Path, help="output folder (results, files.json, summary.csv, overlays/)")
     p.add_argument("--model", required=True, help="torchvision model name (resnet50), or timm:NAME")
     weights = p.add_mutually_exclusive_group()
     weights.add_argument("--checkpoint", type=Path, help="state dict to load (torch.save(model.state_dict(), ...))")
@@ -251,7 +282,12 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--target", type=int, help="class to explain for every image (default: each image's top class)")
     p.add_argument("--batch-size", type=int, default=32, help="default: 32")
     p.add_argument("--size", type=int, default=224, help="input side after the centre crop (default: 224)")
-    p.add_argument("--crop", type=float, default=0.875, help="crop fraction: resize to size/crop (default: 0.875)")
+    p.add_argument(
+        "--crop",
+        type=float,
+        default=0.875,
+        help="crop fraction: the shorter side is resized (bicubic) to size/crop (default: 0.875)",
+    )
     p.add_argument("--mean", type=float, nargs=3, default=IMAGENET_MEAN, help="normalisation mean (ImageNet's)")
     p.add_argument("--std", type=float, nargs=3, default=IMAGENET_STD, help="normalisation std (ImageNet's)")
     p.add_argument("--dtype", choices=("float16", "float32"), default="float16", help="map storage (float16)")
@@ -367,7 +403,7 @@ def _run(args: argparse.Namespace) -> int:
         overwrite=args.overwrite,
     )
     if rank == 0:
-        _write_text(args.out / "files.txt", "".join(f"{f.as_posix()}\n" for f in images.files))
+        _write_text(args.out / "files.json", json.dumps([f.as_posix() for f in images.files]))
         _write_summary(results, images, args.out / "summary.csv")
     if not args.no_overlays:
         write_overlays(
@@ -388,7 +424,7 @@ def _run(args: argparse.Namespace) -> int:
 
 def _write_text(path: Path, text: str) -> None:
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    tmp.write_text(text)
+    tmp.write_text(text, encoding="utf-8", errors="surrogateescape", newline="")
     os.replace(tmp, path)
 
 
@@ -397,13 +433,16 @@ def _write_summary(results: Results, images: ImageFolder, path: Path) -> None:
     top = "classes" in results.fields
     buffer = io.StringIO()
     rows = csv.writer(buffer)
-    rows.writerow(["index", "file", "target", *(["top_class", "top_prob"] if top else [])])
+    failed = results.failures
+    rows.writerow(
+        ["index", "file", "target", *(["top_class", "top_prob"] if top else []), *(["failure"] * bool(failed))]
+    )
     targets = results.targets[:].tolist()
     classes = results.classes[:][:, 0].tolist() if top else []
     probs = results.probs[:][:, 0].tolist() if top else []
     for i, file in enumerate(images.files):
         extra = [classes[i], f"{probs[i]:.6f}"] if top else []
-        rows.writerow([i, file.as_posix(), targets[i], *extra])
+        rows.writerow([i, file.as_posix(), targets[i], *extra, *([failed.get(i, "")] if failed else [])])
     _write_text(path, buffer.getvalue())
 
 

@@ -166,7 +166,7 @@ def two_processes(tmp_path_factory) -> Path:
 @pytest.mark.slow
 def test_command_line_under_torchrun_equals_gradcam_in_process(two_processes, one_thread):
     out, image_folder, checkpoint = two_processes / "cli", two_processes / "images", two_processes / "resnet18-3.pt"
-    files = (out / "files.txt").read_text().split()
+    files = json.loads((out / "files.json").read_text())
     assert files == ["img0.png", "img2.png", "img4.png", "sub/img1.jpg", "sub/img3.jpg"]
     res = open_results(out)
     images = ImageFolder(image_folder, size=16, crop=0.875, mean=(0.485, 0.456, 0.406), std=(0.229, 0.224, 0.225))
@@ -192,7 +192,7 @@ def test_command_line_overlay_shows_the_map(image_folder, checkpoint, tmp_path):
     assert main([*args, "--checkpoint", str(checkpoint), "--size", "32", "--quiet", "--alpha", "1"]) == 0
     res = open_results(out)
     shown = next(i for i in range(len(res)) if res.maps[i].max() > 0.5)  # a map that is not all zero
-    name = (out / "files.txt").read_text().split()[shown]
+    name = json.loads((out / "files.json").read_text())[shown]
     with Image.open(out / "overlays" / name.replace(".jpg", ".png")) as overlay:
         pixels = np.asarray(overlay, dtype=np.float64) / 255
     import matplotlib
