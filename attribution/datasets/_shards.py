@@ -194,7 +194,10 @@ class ShardWriter:
     def abort(self) -> None:
         """Close and delete the temporary directory (after an error or an interruption)."""
         for f in self.files.values():
-            f.close()
+            try:
+                f.close()  # flushes: can fail on a full disk, and must not keep the rest from being cleaned
+            except OSError:
+                pass
         shutil.rmtree(self.tmp, ignore_errors=True)
 
 
@@ -260,7 +263,9 @@ def _positions(key: Any, length: int) -> np.ndarray | int:
     """Item positions selected by ``key``: an int (returned as an int), a slice, ints, or a boolean mask."""
     if isinstance(key, torch.Tensor):
         key = key.cpu().numpy()
-    if isinstance(key, (int, np.integer)):
+    if isinstance(key, np.ndarray) and key.ndim == 0 and np.issubdtype(key.dtype, np.integer):
+        key = int(key)  # a 0-d index: one item, as numpy does
+    if isinstance(key, (int, np.integer)) and not isinstance(key, bool):
         position = int(key)
         if not -length <= position < length:
             raise IndexError(f"index {position} is out of range for {length} items")
@@ -268,6 +273,8 @@ def _positions(key: Any, length: int) -> np.ndarray | int:
     if isinstance(key, slice):
         return np.arange(length)[key]
     array = np.asarray(key)
+    if array.size == 0 and array.ndim == 1:
+        return np.zeros(0, dtype=np.int64)  # no items: an empty result, as numpy gives
     if array.dtype == bool:
         if array.shape != (length,):
             raise IndexError(f"a boolean mask must have shape ({length},); got {array.shape}")
