@@ -107,6 +107,15 @@ def read_rgb(path: Path) -> Any:
 
     EXIF orientation applied; 16-bit greyscale scaled to 8 bits (not clipped); palette and greyscale converted;
     transparency composited over white.
+
+    Example:
+        >>> import tempfile, numpy as np
+        >>> from pathlib import Path
+        >>> from PIL import Image
+        >>> path = Path(tempfile.mkdtemp()) / "deep.png"
+        >>> Image.fromarray(np.array([[0, 32896, 65535]], dtype=np.uint16)).save(path)
+        >>> np.asarray(read_rgb(path))[0, :, 0].tolist()
+        [0, 128, 255]
     """
     from PIL import Image, ImageOps
 
