@@ -102,7 +102,8 @@ def attribute_dataset(
 
     Under ``torchrun`` the process group is initialised from the environment if it is not yet (gloo, plus NCCL with
     CUDA), and shard ``k`` is computed by rank ``k % world_size``: every item exactly once, no padding. The shards
-    and their batches do not depend on the number of processes, so the results equal those of one process. The
+    and their batches do not depend on the number of processes, so the results equal those of one process (bitwise
+    with as many threads per process: other thread counts sum in another order, within a float16 step). The
     output directory must be on a file system that every process sees (for several machines, a shared one).
 
     Dataset items may be a tensor (the input), a tuple ``(input, label, ...)`` or a dict of model inputs (its
