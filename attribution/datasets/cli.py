@@ -62,7 +62,7 @@ class ImageFolder(Dataset[torch.Tensor]):
 
     Preprocessing, as for ImageNet models: resize the shorter side to ``size / crop`` (bicubic, antialiased, as
     timm's and TensorFlow's ImageNet evaluation and the examples do), centre-crop ``size``, scale to [0, 1],
-    normalise with ``mean`` and ``std``. Files are read by :func:`read_rgb`; one that cannot be read is skipped
+    normalise with ``mean`` and ``std``. Files are read by ``read_rgb``; one that cannot be read is skipped
     with a warning naming it: its item is all NaN, so the run records it in ``results.failures``.
     """
 
