@@ -16,6 +16,8 @@ therefore complete; anything else is a leftover of an interrupted run.
 
 from __future__ import annotations
 
+import hashlib
+import io
 import json
 import os
 import shutil
@@ -111,10 +113,19 @@ class ShardWriter:
         self.rows = rows
         self.written = 0
         self.files: dict[str, BinaryIO] = {}
+        self.hashes: dict[str, Any] = {}  # a sha256 of each file, fed as it is written
         self.fields: dict[str, dict[str, Any]] = {}
+        self.digests: list[str] = []
+        self.failures: dict[str, str] = {}
 
-    def append(self, columns: Mapping[str, np.ndarray]) -> None:
-        """Append one batch: every field ``(batch, ...)``, the same fields (dtypes, item shapes) every time."""
+    def append(
+        self, columns: Mapping[str, np.ndarray], digests: Sequence[str] = (), failures: Mapping[int, str] = {}
+    ) -> None:
+        """Append one batch: every field ``(batch, ...)``, the same fields (dtypes, item shapes) every time.
+
+        ``digests`` (one per item, of its data) and ``failures`` (dataset index -> why its map is not valid) are
+        stored in the shard's ``meta.json``: the digests to check a resume, the failures for ``Results.failures``.
+        """
         batch = {len(c) for c in columns.values()}
         if len(batch) != 1:
             raise ValueError(f"fields of one batch differ in length: { {k: len(c) for k, c in columns.items()} }")
@@ -133,8 +144,12 @@ class ShardWriter:
                     f"`{name}` of this batch is {column.dtype} {tuple(column.shape[1:])} per item; earlier items "
                     f"were {np.dtype(spec['dtype'])} {tuple(spec['shape'])}: every item must have the same shape"
                 )
-            self.files[name].write(np.ascontiguousarray(column).data)  # the buffer itself, no copy
+            data = np.ascontiguousarray(column).data  # the buffer itself, no copy
+            self.files[name].write(data)
+            self.hashes[name].update(data)
         self.written += count
+        self.digests += digests
+        self.failures.update({str(index): why for index, why in failures.items()})
 
     def _open(self, name: str, column: np.ndarray) -> None:
         f = open(self.tmp / f"{name}.npy", "wb")  # closed in commit or abort
@@ -143,8 +158,11 @@ class ShardWriter:
             "fortran_order": False,
             "shape": (self.rows, *column.shape[1:]),
         }
-        np.lib.format.write_array_header_1_0(f, header)
+        buffer = io.BytesIO()
+        np.lib.format.write_array_header_1_0(buffer, header)
+        f.write(buffer.getvalue())
         self.files[name] = f
+        self.hashes[name] = hashlib.sha256(buffer.getvalue())
         self.fields[name] = {"dtype": column.dtype.str, "shape": list(column.shape[1:])}
 
     def commit(self, meta: Mapping[str, Any]) -> None:
@@ -155,27 +173,99 @@ class ShardWriter:
         """
         if self.written != self.rows:
             raise RuntimeError(f"shard {self.shard} got {self.written} of its {self.rows} rows")
-        for f in self.files.values():
+        files = {}
+        for name, f in self.files.items():
             f.flush()
             os.fsync(f.fileno())
+            files[f"{name}.npy"] = {"size": f.tell(), "sha256": self.hashes[name].hexdigest()}
             f.close()
-        _write_synced(
-            self.tmp / META, json.dumps({"shard": self.shard, "rows": self.rows, "fields": self.fields, **meta})
-        )
+        record = {
+            "shard": self.shard,
+            "rows": self.rows,
+            "fields": self.fields,
+            "files": files,
+            **meta,
+            "failures": self.failures,
+            "digests": self.digests,
+        }
+        _write_synced(self.tmp / META, json.dumps(record))
         os.rename(self.tmp, self.final)
 
     def abort(self) -> None:
         """Close and delete the temporary directory (after an error or an interruption)."""
         for f in self.files.values():
-            f.close()
+            try:
+                f.close()  # flushes: can fail on a full disk, and must not keep the rest from being cleaned
+            except OSError:
+                pass
         shutil.rmtree(self.tmp, ignore_errors=True)
+
+
+def file_record(path: Path) -> dict[str, Any]:
+    """``{"size": bytes, "sha256": hex}`` of a file."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return {"size": path.stat().st_size, "sha256": h.hexdigest()}
+
+
+def file_damage(path: Path, record: Mapping[str, Any], *, full: bool, shape: Sequence[int] | None = None) -> str:
+    """What is wrong with ``path`` against its ``record`` ("" if nothing): size, ``.npy`` header, checksum if ``full``.
+
+    ``shape`` (with the dtype string as ``record["dtype"]``) is the array the header must announce.
+    """
+    if not path.is_file():
+        return f"{path} is missing"
+    size = path.stat().st_size
+    if size != record["size"]:
+        return f"{path} has {size} bytes; {record['size']} were written (truncated or damaged)"
+    if shape is not None:
+        try:
+            with open(path, "rb") as f:
+                version = np.lib.format.read_magic(f)
+                read = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
+                announced, _, dtype = read(f)
+        except Exception as exc:  # numpy's header parser raises ValueError, SyntaxError, tokenize errors, ...
+            return f"{path} has a damaged .npy header ({type(exc).__name__}: {exc})"
+        if tuple(announced) != tuple(shape) or dtype.str != record["dtype"]:
+            return f"{path} announces {dtype} {tuple(announced)}; {record['dtype']} {tuple(shape)} were written"
+    if full and file_record(path)["sha256"] != record["sha256"]:
+        return f"{path} does not match its checksum (its contents are damaged)"
+    return ""
+
+
+def shard_damage(out: Path, shard: int, *, full: bool, entry: Mapping[str, Any] | None = None) -> str:
+    """What is wrong with complete shard ``shard`` ("" if nothing); checked against its manifest ``entry`` if given.
+
+    Without ``entry`` the shard's own ``meta.json`` is the record (as a resume has it, before any manifest).
+    """
+    directory = shard_dir(out, shard)
+    try:
+        meta = entry if entry is not None else read_meta(out, shard)
+        if entry is not None and entry.get("meta"):
+            problem = file_damage(directory / META, entry["meta"], full=full)
+            if problem:
+                return problem
+    except (OSError, ValueError) as exc:
+        return f"{directory / META} is damaged ({exc})"
+    fields = meta.get("fields", {})
+    for name, record in meta.get("files", {}).items():
+        spec = fields.get(name.removesuffix(".npy"), {})
+        shape = (meta["rows"], *spec.get("shape", ()))
+        problem = file_damage(directory / name, {**record, "dtype": spec.get("dtype")}, full=full, shape=shape)
+        if problem:
+            return problem
+    return ""
 
 
 def _positions(key: Any, length: int) -> np.ndarray | int:
     """Item positions selected by ``key``: an int (returned as an int), a slice, ints, or a boolean mask."""
     if isinstance(key, torch.Tensor):
         key = key.cpu().numpy()
-    if isinstance(key, (int, np.integer)):
+    if isinstance(key, np.ndarray) and key.ndim == 0 and np.issubdtype(key.dtype, np.integer):
+        key = int(key)  # a 0-d index: one item, as numpy does
+    if isinstance(key, (int, np.integer)) and not isinstance(key, bool):
         position = int(key)
         if not -length <= position < length:
             raise IndexError(f"index {position} is out of range for {length} items")
@@ -183,6 +273,8 @@ def _positions(key: Any, length: int) -> np.ndarray | int:
     if isinstance(key, slice):
         return np.arange(length)[key]
     array = np.asarray(key)
+    if array.size == 0 and array.ndim == 1:
+        return np.zeros(0, dtype=np.int64)  # no items: an empty result, as numpy gives
     if array.dtype == bool:
         if array.shape != (length,):
             raise IndexError(f"a boolean mask must have shape ({length},); got {array.shape}")
@@ -252,6 +344,8 @@ class Results:
         path: the output directory.
         fields: the stored fields, e.g. ``("maps", "targets", "index", "classes", "scores", "probs")``.
         settings: what the run computed (method, target, dtype, shard size, ...).
+        failures: ``{dataset index: why}`` for the items whose input, model output or map held NaN or inf (their
+            maps are stored as NaN).
     """
 
     def __init__(self, path: Path, manifest: Mapping[str, Any]) -> None:
@@ -261,6 +355,7 @@ class Results:
         self._fields: dict[str, dict[str, Any]] = dict(manifest["fields"])
         self.fields = tuple(self._fields)
         self.settings: dict[str, Any] = dict(manifest["settings"])
+        self.failures: dict[int, str] = {int(i): why for i, why in manifest.get("failures", {}).items()}
         self._open: OrderedDict[tuple[int, str], np.ndarray] = OrderedDict()
 
     def __len__(self) -> int:

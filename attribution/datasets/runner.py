@@ -17,10 +17,12 @@ import hashlib
 import inspect
 import json
 import math
+import os
+import shutil
 import socket
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Union
@@ -29,26 +31,32 @@ import numpy as np
 import torch
 from torch import nn
 from torch.utils import _pytree as pytree
-from torch.utils.data import DataLoader, Dataset, IterableDataset
+from torch.utils.data import BatchSampler, DataLoader, Dataset, IterableDataset, RandomSampler, SequentialSampler
 from tqdm.auto import tqdm
 
 from hooks import HookManager
 
 from .._progress import DELAY
 from .._run import warn
-from . import _distributed
+from . import _distributed, _lock
+from ._identity import UNREADABLE, describe, item_digests, model_digest
+from ._lock import InUseError
 from ._shards import (
     FORMAT,
     MANIFEST,
+    META,
     SETTINGS,
     SHARDS,
     VERSION,
     Column,
     Results,
     ShardWriter,
+    file_record,
     is_complete,
     read_meta,
     shard_count,
+    shard_damage,
+    shard_dir,
     shard_rows,
     sync_dir,
     write_json,
@@ -59,6 +67,11 @@ __all__ = ["Column", "Results", "attribute_dataset", "open_results"]
 DatasetTarget = Union[None, int, str, Sequence[int], torch.Tensor, Callable[[Any], torch.Tensor]]  # noqa: UP007
 _STORAGE = (torch.float32, torch.float16)
 _LABEL_KEYS = ("label", "labels")
+_REPAIR = (
+    "run attribute_dataset again with the same arguments: it recomputes the damaged shards (and only those) and "
+    "rebuilds the manifest"
+)
+_SAMPLE = 64  # stored items whose data a resume checks (evenly spread over the skipped shards)
 _LOADER_OPTIONS = (
     "num_workers", "collate_fn", "pin_memory", "timeout", "worker_init_fn", "multiprocessing_context", "generator",
     "prefetch_factor", "persistent_workers", "pin_memory_device", "in_order",
@@ -78,6 +91,8 @@ def attribute_dataset(
     shard_size: int | None = None,
     device: torch.device | str | None = None,
     progress: bool = True,
+    run_name: str | None = None,
+    overwrite: bool = False,
 ) -> Results:
     """Run ``method`` over every item of ``data`` and stream the maps to ``out``; resumable; ``torchrun``-ready.
 
@@ -87,7 +102,8 @@ def attribute_dataset(
 
     Under ``torchrun`` the process group is initialised from the environment if it is not yet (gloo, plus NCCL with
     CUDA), and shard ``k`` is computed by rank ``k % world_size``: every item exactly once, no padding. The shards
-    and their batches do not depend on the number of processes, so the results equal those of one process. The
+    and their batches do not depend on the number of processes, so the results equal those of one process (bitwise
+    with as many threads per process: other thread counts sum in another order, within a float16 step). The
     output directory must be on a file system that every process sees (for several machines, a shared one).
 
     Dataset items may be a tensor (the input), a tuple ``(input, label, ...)`` or a dict of model inputs (its
@@ -98,7 +114,8 @@ def attribute_dataset(
             a function; a callable without a second parameter (:class:`~attribution.AttentionRollout`) gets
             ``method(inputs)``.
         data: a map-style ``Dataset`` (or a sequence), or a ``DataLoader`` whose loading options (workers,
-            ``collate_fn``, pinned memory) are kept while its sampler is replaced: items are taken in index order.
+            ``collate_fn``, pinned memory) are kept; items are taken in index order (a shuffling sampler is
+            ignored), and a sampler over other items (a subset, ``drop_last=True``, a batch sampler) is refused.
         out: the output directory (created if needed).
         batch_size: items per call of ``method`` (default: the ``DataLoader``'s batch size).
         target: ``None``: each item's top class; an int: that class for all; ``"label"``: each item's label; a
@@ -115,12 +132,18 @@ def attribute_dataset(
             a directory and a few file syncs). Keep it a multiple of ``batch_size``: batches never cross shards.
         device: where the inputs go (default: the device of the model's first parameter, else left as they are).
         progress: show a tqdm progress bar with items/s (on rank 0, counting its own share).
+        run_name: a name (or version) for the run, stored with its settings. Needed to resume a run whose method
+            or target holds values that cannot be read (shown as ``<unreadable ...>`` in the settings): the name
+            then vouches that the computation is the same. Give the same name on every resume.
+        overwrite: delete the results already in ``out`` and start over. Without it nothing stored is deleted:
+            a resume that would compute something else (another model, method, target or data) is refused.
 
     Returns:
         The :class:`Results`, read lazily (as :func:`open_results` gives them).
 
     Raises:
-        ValueError: ``out`` holds a run with other settings, a bad ``target``, or maps of the wrong batch size.
+        ValueError: ``out`` holds a run with other settings (model weights, method, target, data, ...), a bad
+            ``target``, or maps of the wrong batch size.
         TypeError: an iterable-style dataset (it has no indices to resume from or to share between processes).
 
     Example:
@@ -135,11 +158,34 @@ def attribute_dataset(
     """
     rank, world = _distributed.setup()
     out = Path(out)
-    plan = _plan(method, data, batch_size, target, model, dtype, topk, shard_size)
-    settings = _settle(out, plan.settings, fixed_shard_size=shard_size is not None, rank=rank)
+    plan = _plan(method, data, batch_size, target, model, dtype, topk, shard_size, run_name)
+    fixed = shard_size is not None
+    with _claim(out, rank) as writable:
+        if not writable:
+            return _read_only(out, plan, fixed_shard_size=fixed)
+        settings = _settle(out, plan.settings, fixed_shard_size=fixed, rank=rank, overwrite=overwrite)
+        _compute(out, plan, settings, method, target, device, progress, rank, world)
+    _distributed.barrier()
+    return open_results(out)
+
+
+def _compute(
+    out: Path,
+    plan: _Plan,
+    settings: dict[str, Any],
+    method: Callable[..., torch.Tensor],
+    target: DatasetTarget,
+    device: torch.device | str | None,
+    progress: bool,
+    rank: int,
+    world: int,
+) -> None:
+    """Compute this process's missing (or damaged) shards and, on rank 0, write the manifest once all are there."""
     size = int(settings["shard_size"])
     mine = list(_distributed.share(shard_count(plan.items, size), rank, world))
-    todo = [shard for shard in mine if not is_complete(out, shard)]
+    damaged = _damaged(out, mine, rank)
+    todo = sorted({shard for shard in mine if not is_complete(out, shard)} | set(damaged))
+    _check_items(out, plan, size, [shard for shard in mine if shard not in todo])
     batches = [
         list(range(start, min(start + plan.batch_size, rows.stop)))
         for rows in (shard_rows(plan.items, size, shard) for shard in todo)
@@ -147,7 +193,7 @@ def attribute_dataset(
     ]
     if device is None and plan.observed is not None:
         device = next((p.device for p in plan.observed.parameters()), None)
-    run = _Batch(method, plan.takes_target, target, plan.per_item, plan.storage, topk, device)
+    run = _Batch(method, plan.takes_target, target, plan.per_item, plan.storage, int(settings["topk"]), device)
     total = sum(len(shard_rows(plan.items, size, shard)) for shard in mine)
     bar = tqdm(
         total=total,
@@ -158,14 +204,12 @@ def attribute_dataset(
         dynamic_ncols=True,
         delay=DELAY,
     )
-    meta = {"rank": rank, "world": world, "host": socket.gethostname()}
+    meta = {"rank": rank, "world": world, "host": socket.gethostname(), "settings": settings}
     _write_shards(out, plan, size, batches, run, bar, meta)
     sync_dir(out / SHARDS)
     gathered = _distributed.all_gather([read_meta(out, shard) for shard in mine])
     if rank == 0:
         _write_manifest(out, settings, [shard_meta for rank_metas in gathered for shard_meta in rank_metas])
-    _distributed.barrier()
-    return open_results(out)
 
 
 @dataclass(frozen=True)
@@ -192,6 +236,7 @@ def _plan(
     dtype: torch.dtype | str,
     topk: int,
     shard_size: int | None,
+    run_name: str | None,
 ) -> _Plan:
     """Check every argument before anything runs or is written, and describe the run."""
     dataset, options, batch = _dataset(data, batch_size)
@@ -214,9 +259,12 @@ def _plan(
         "dtype": str(storage).removeprefix("torch."),
         "topk": topk,
         "target": _describe_target(target, per_item),
-        "method": _describe(method),
-        "model": None if observed is None else type(observed).__name__,
+        "method": _describe_method(method, observed),
+        "model": None if observed is None else f"{type(observed).__name__} (weights {model_digest(observed)})",
+        "run_name": run_name,
     }
+    if run_name is not None and not isinstance(run_name, str):
+        raise TypeError(f"`run_name` must be a str or None; got {type(run_name).__name__}")
     return _Plan(dataset, options, batch, items, observed, takes_target, per_item, storage, settings)
 
 
@@ -241,7 +289,8 @@ def _write_shards(
                     if writer is None:
                         shard = indices[0] // size
                         writer = ShardWriter(out, shard, len(shard_rows(plan.items, size, shard)))
-                    writer.append(run(batch, indices, observer))
+                    columns = run(batch, indices, observer)
+                    writer.append(columns, item_digests(batch, len(indices)), run.failures)
                     if writer.written == writer.rows:
                         if published is not None:
                             published.result()  # raises what went wrong there
@@ -258,17 +307,23 @@ def _write_shards(
             bar.close()
 
 
-def open_results(out: str | Path) -> Results:
+def open_results(out: str | Path, *, verify: bool = False) -> Results:
     """The results that :func:`attribute_dataset` wrote to ``out``, read lazily and indexed by dataset index.
+
+    Every file is checked cheaply against the manifest (its size, and the array its ``.npy`` header announces);
+    ``verify=True`` also compares each file's SHA-256 with the one recorded when it was written (reads everything).
 
     Args:
         out: the output directory of a finished run.
+        verify: check every file's checksum too.
 
     Returns:
         The :class:`Results`: ``len(res)``, ``res.maps[i]``, ``res.targets[i]``, ``res.classes[i]``, ...
 
     Raises:
         FileNotFoundError: ``out`` holds no results, or a run that has not finished (run it again to finish it).
+        ValueError: a damaged file (named in the message; running :func:`attribute_dataset` again with the same
+            arguments recomputes the damaged shards and rebuilds the manifest).
 
     Example:
         >>> import tempfile, torch
@@ -282,8 +337,8 @@ def open_results(out: str | Path) -> Results:
     out = Path(out)
     path = out / MANIFEST
     if not path.is_file():
-        if (out / SETTINGS).is_file():
-            settings = json.loads((out / SETTINGS).read_text())
+        settings = _read(out / SETTINGS)
+        if settings is not None:
             count = shard_count(settings["items"], settings["shard_size"])
             done = sum(is_complete(out, shard) for shard in range(count))
             raise FileNotFoundError(
@@ -293,12 +348,20 @@ def open_results(out: str | Path) -> Results:
         raise FileNotFoundError(
             f"{out} holds no attribution results (no {MANIFEST}); write them with attribute_dataset(method, data, out)"
         )
-    manifest = json.loads(path.read_text())
+    try:
+        manifest = json.loads(path.read_text())
+    except ValueError as exc:
+        raise ValueError(f"{path} is damaged ({exc}); {_REPAIR}") from None
     if manifest.get("format") != FORMAT or manifest.get("version") != VERSION:
         raise ValueError(
             f"{path} is not a results manifest of this version (format {manifest.get('format')!r}, version "
             f"{manifest.get('version')!r}; this library reads {FORMAT!r} version {VERSION})"
         )
+    for entry in manifest["shards"]:
+        if entry.get("files") is not None:
+            problem = shard_damage(out, entry["shard"], full=verify, entry=entry)
+            if problem:
+                raise ValueError(f"{problem}; {_REPAIR}")
     return Results(out, manifest)
 
 
@@ -324,6 +387,7 @@ class _Batch:
         self.topk = topk
         self.device = device
         self.warned_overflow = False
+        self.failures: dict[int, str] = {}  # dataset index -> why, for the last batch
 
     def __call__(self, batch: Any, indices: list[int], observer: _Observer) -> dict[str, np.ndarray]:
         inputs, labels = _split(batch)
@@ -347,6 +411,14 @@ class _Batch:
             )
             self.warned_overflow = True
         logits = observer.logits
+        self.failures = _nonfinite(inputs, logits, maps, indices)
+        if self.failures:
+            stored[[indices.index(i) for i in self.failures]] = float("nan")  # never a valid-looking map
+            warn(
+                "; ".join(f"item {index}: {why}" for index, why in sorted(self.failures.items()))
+                + ". Their maps are stored as NaN and listed in `results.failures`; check those items (and the "
+                "model) for NaN or inf",
+            )
         columns = {"maps": stored.numpy(), "index": np.asarray(indices, dtype=np.int64)}
         columns["targets"] = self._used(given, logits, len(indices))
         if logits is not None and self.topk:
@@ -414,6 +486,21 @@ def _observing(model: nn.Module | None) -> Iterator[_Observer]:
         yield observer
 
 
+def _nonfinite(inputs: Any, logits: torch.Tensor | None, maps: torch.Tensor, indices: list[int]) -> dict[int, str]:
+    """``{dataset index: why}`` for the items whose input, model output or map holds NaN or inf."""
+    checks = [(leaf, "input") for leaf in pytree.tree_leaves(inputs)] + [(logits, "model output"), (maps, "map")]
+    failures: dict[int, str] = {}
+    for tensor, what in checks:
+        if not isinstance(tensor, torch.Tensor) or not tensor.is_floating_point() or tensor.dim() == 0:
+            continue
+        if tensor.shape[0] != len(indices):
+            continue
+        bad = ~torch.isfinite(tensor.detach()).reshape(len(indices), -1).all(dim=1)
+        for row in bad.nonzero().flatten().tolist():
+            failures.setdefault(indices[row], f"{what} holds NaN or inf")
+    return failures
+
+
 def _overflows(maps: torch.Tensor, stored: torch.Tensor) -> bool:
     return bool(torch.isinf(stored).any()) and not bool(torch.isinf(maps).any())
 
@@ -435,11 +522,13 @@ def _dataset(data: Any, batch_size: int | None) -> tuple[Any, dict[str, Any], in
     dataset = data
     if isinstance(data, DataLoader):
         dataset = data.dataset
+        _check_sampler(data)
         accepted = inspect.signature(DataLoader.__init__).parameters
         options = {k: getattr(data, k) for k in _LOADER_OPTIONS if k in accepted and hasattr(data, k)}
         if not options.get("num_workers"):
             options.pop("prefetch_factor", None)
         batch_size = batch_size if batch_size is not None else data.batch_size
+        batch_size = batch_size if batch_size is not None else getattr(data.batch_sampler, "batch_size", None)
     if isinstance(dataset, IterableDataset):
         raise TypeError(
             f"`data` is an iterable-style dataset ({type(dataset).__name__}): attribute_dataset needs indices to "
@@ -454,6 +543,29 @@ def _dataset(data: Any, batch_size: int | None) -> tuple[Any, dict[str, Any], in
     if len(dataset) == 0:
         raise ValueError("`data` is empty")
     return dataset, options, batch_size
+
+
+def _check_sampler(loader: DataLoader[Any]) -> None:
+    """Refuse a loader whose sampler takes another set of items than ``range(len(dataset))`` (never ignore it)."""
+    batch_sampler = loader.batch_sampler
+    sampler = getattr(batch_sampler, "sampler", loader.sampler)
+    why = ""
+    if batch_sampler is not None and type(batch_sampler) is not BatchSampler:
+        why = f"a batch sampler ({type(batch_sampler).__name__})"
+    elif getattr(batch_sampler, "drop_last", False):
+        why = "drop_last=True (it drops the last items)"
+    elif isinstance(sampler, RandomSampler) and (
+        sampler.replacement or sampler.num_samples != len(sampler.data_source)
+    ):
+        why = "a RandomSampler with replacement or num_samples (not every item once)"
+    elif not isinstance(sampler, (SequentialSampler, RandomSampler)):
+        why = f"a {type(sampler).__name__}"
+    if why:
+        raise ValueError(
+            f"`data` is a DataLoader with {why}; attribute_dataset computes every item of the loader's dataset once, "
+            "in index order, so that runs can resume and be shared between processes. To run on some items, pass "
+            "torch.utils.data.Subset(dataset, indices) (in a DataLoader without a sampler, if you need its options)"
+        )
 
 
 def _takes_target(method: Callable[..., Any]) -> bool:
@@ -509,12 +621,12 @@ def _default_shard_size(items: int, batch_size: int) -> int:
     return batch_size * min(16, max(math.ceil(batches / 64), min(4, math.ceil(batches / 8)), 1))
 
 
-def _describe(obj: Any) -> str:
-    """A description of a callable that is the same in every run (no memory addresses)."""
-    text = repr(obj)
-    if " at 0x" in text:
-        named = obj if hasattr(obj, "__qualname__") else type(obj)
-        text = f"{getattr(named, '__module__', '?')}.{named.__qualname__}"
+def _describe_method(method: Callable[..., Any], observed: nn.Module | None) -> str:
+    """The method as :func:`describe` gives it, with the weights of its own model when that is not ``observed``."""
+    text = describe(method)
+    own = getattr(method, "model", None)
+    if isinstance(own, nn.Module) and own is not observed and "(weights " not in text:
+        text += f" on {describe(own)}"
     return text
 
 
@@ -528,33 +640,171 @@ def _describe_target(target: DatasetTarget, per_item: torch.Tensor | None) -> st
         return "labels"
     if isinstance(target, int):
         return f"class {target}"
-    return f"callable {_describe(target)}"
+    return f"callable {describe(target)}"
 
 
-def _settle(out: Path, settings: dict[str, Any], *, fixed_shard_size: bool, rank: int) -> dict[str, Any]:
+def _settle(
+    out: Path, settings: dict[str, Any], *, fixed_shard_size: bool, rank: int, overwrite: bool
+) -> dict[str, Any]:
     """Record the run's settings in ``out``, or check them against those of the run being resumed."""
     path = out / SETTINGS
     if rank == 0:
         out.mkdir(parents=True, exist_ok=True)
+        if overwrite:
+            _clear(out)
         if not path.exists():
             write_json(path, settings)
+        elif _read(path) is None:
+            _rebuild_settings(out, settings)
     _distributed.barrier()
     if not path.is_file():
         raise FileNotFoundError(
             f"{path} is missing here, though rank 0 wrote it: `out` must be on a file system that every process "
             "sees (for several machines, a shared one)"
         )
-    stored = json.loads(path.read_text())
+    stored = _read(path)
+    if stored is None:
+        raise ValueError(
+            f"{path} is empty or damaged and no copy of it is left in the manifest or the shards, so what the "
+            "stored results computed is unknown: start over with overwrite=True, or use another directory"
+        )
+    return _compare(out, stored, settings, fixed_shard_size=fixed_shard_size)
+
+
+def _compare(out: Path, stored: dict[str, Any], settings: dict[str, Any], *, fixed_shard_size: bool) -> dict[str, Any]:
+    """The run's settings if they match the ``stored`` ones (the stored shard size unless fixed); else an error."""
     if not fixed_shard_size and "shard_size" in stored:
         settings = {**settings, "shard_size": stored["shard_size"]}  # resuming with another batch size is fine
     differ = [key for key in settings if stored.get(key) != settings[key]]
     if differ:
         changes = "; ".join(f"{key}: {stored.get(key)!r} there, {settings[key]!r} now" for key in differ)
         raise ValueError(
-            f"`out` {str(out)!r} holds a run with other settings ({changes}). Use another directory, or delete "
-            "this one to start over"
+            f"`out` {str(out)!r} holds a run with other settings ({changes}); resuming would mix two computations. "
+            "Start over with overwrite=True (deletes the results there), or use another directory"
+        )
+    unreadable = [key for key in ("method", "target") if UNREADABLE in str(settings[key])]
+    if unreadable and settings["run_name"] is None and _started(out):
+        raise ValueError(
+            f"cannot check that the run in `out` {str(out)!r} computed the same {' and '.join(unreadable)} as now: "
+            f"{settings[unreadable[0]]!r} holds values that cannot be read. To resume deliberately, pass the same "
+            "run_name=... on every run (it vouches for the computation); or start over with overwrite=True"
         )
     return settings
+
+
+@contextmanager
+def _claim(out: Path, rank: int) -> Iterator[bool]:
+    """Rank 0 holds ``out``'s lock while the body runs (and first removes the leftovers of killed runs).
+
+    Every process gets rank 0's verdict: writable, read-only (False), or in use (:class:`InUseError`).
+    """
+    with ExitStack() as stack:
+        error, writable = "", True
+        if rank == 0:
+            try:
+                writable = stack.enter_context(_lock.writer(out))
+            except InUseError as exc:
+                error = str(exc)
+            if writable and not error:
+                _lock.remove_stale(out)
+        error, writable = _distributed.all_gather((error, writable))[0]
+        if error:
+            raise InUseError(error)
+        yield writable
+
+
+def _read_only(out: Path, plan: _Plan, *, fixed_shard_size: bool) -> Results:
+    """The finished run in a folder that cannot be written, checked as a resume would check it; nothing written."""
+    try:
+        stored = _read(out / SETTINGS)
+        if stored is None:
+            raise ValueError(f"{out / SETTINGS} is missing, empty or damaged")
+        settings = _compare(out, stored, plan.settings, fixed_shard_size=fixed_shard_size)
+        results = open_results(out, verify=True)
+        _check_items(out, plan, settings["shard_size"], list(range(shard_count(plan.items, settings["shard_size"]))))
+    except (OSError, ValueError) as exc:
+        raise PermissionError(
+            f"`out` {str(out)!r} cannot be written (read-only), so only a finished run of the same settings can be "
+            f"returned from it, and this one cannot: {exc}"
+        ) from None
+    return results
+
+
+def _read(path: Path) -> dict[str, Any] | None:
+    """The JSON object in ``path``; None if it is missing, empty or damaged."""
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def _rebuild_settings(out: Path, settings: dict[str, Any]) -> None:
+    """Write a damaged ``settings.json`` again from its copy in the manifest or a shard (now's, if none started)."""
+    copies = [(_read(out / MANIFEST) or {}).get("settings")]
+    if (out / SHARDS).is_dir():
+        copies += [(_read(p / META) or {}).get("settings") for p in sorted((out / SHARDS).iterdir())]
+    copy = next((c for c in copies if isinstance(c, dict)), None)
+    if copy is None and _started(out):
+        return  # refused by the caller: nothing tells what the stored shards computed
+    warn(f"{out / SETTINGS} was empty or damaged; written again from " + ("a copy" if copy else "this run"))
+    write_json(out / SETTINGS, copy or settings)
+
+
+def _started(out: Path) -> bool:
+    """Whether ``out`` holds any complete shard."""
+    return (out / SHARDS).is_dir() and any((p / META).is_file() for p in (out / SHARDS).iterdir())
+
+
+def _clear(out: Path) -> None:
+    """Delete the results in ``out`` (``overwrite=True``): the manifest first, then settings and shards."""
+    for name in (MANIFEST, SETTINGS):
+        (out / name).unlink(missing_ok=True)
+    if (out / SHARDS).is_dir():
+        shutil.rmtree(out / SHARDS)
+
+
+def _damaged(out: Path, mine: list[int], rank: int) -> list[int]:
+    """The complete shards of ``mine`` whose files fail their checksums: warned about, removed, to recompute."""
+    damaged = {}
+    for shard in mine:
+        if shard_dir(out, shard).is_dir():
+            complete = is_complete(out, shard)
+            why = shard_damage(out, shard, full=True) if complete else f"{shard_dir(out, shard) / META} is missing"
+            if why:
+                damaged[shard] = why
+    if damaged:
+        warn(
+            f"rank {rank}: {len(damaged)} stored shard(s) of `out` are damaged and are computed again: "
+            + "; ".join(damaged.values()),
+        )
+    for shard in damaged:
+        doomed = shard_dir(out, shard).with_name(f"{shard_dir(out, shard).name}.tmp-damaged")
+        os.replace(shard_dir(out, shard), doomed)  # no longer complete, even if the removal is interrupted
+        shutil.rmtree(doomed)
+    return sorted(damaged)
+
+
+def _check_items(out: Path, plan: _Plan, size: int, skipped: list[int]) -> None:
+    """Check that the stored items a resume skips come from the same data: a sample of them, by digest."""
+    stored: dict[int, str] = {}
+    for shard in skipped:
+        digests = read_meta(out, shard).get("digests", [])  # absent in shards of an older version
+        stored.update(zip(shard_rows(plan.items, size, shard), digests, strict=False))
+    if not stored:
+        return
+    indices = sorted(stored)
+    sample = [indices[int(i)] for i in np.unique(np.linspace(0, len(indices) - 1, min(len(indices), _SAMPLE)))]
+    chunks = [sample[i : i + plan.batch_size] for i in range(0, len(sample), plan.batch_size)]
+    differ = []
+    for chunk, batch in zip(chunks, DataLoader(plan.dataset, batch_sampler=chunks, **plan.options), strict=True):
+        differ += [i for i, d in zip(chunk, item_digests(batch, len(chunk)), strict=True) if stored[i] != d]
+    if differ:
+        raise ValueError(
+            f"`data` differs from the data of the run stored in `out` {str(out)!r}: items {differ[:10]} (of "
+            f"{len(sample)} stored items checked) have other contents than when they were computed; resuming would "
+            "mix two datasets. Start over with overwrite=True (deletes the results there), or use another directory"
+        )
 
 
 def _write_manifest(out: Path, settings: dict[str, Any], metas: list[dict[str, Any]]) -> None:
@@ -577,6 +827,14 @@ def _write_manifest(out: Path, settings: dict[str, Any], metas: list[dict[str, A
         "shard_size": settings["shard_size"],
         "fields": fields,
         "settings": settings,
-        "shards": [{"shard": m["shard"], "rows": m["rows"], "rank": m["rank"], "host": m["host"]} for m in metas],
+        "failures": {str(i): why for m in metas for i, why in sorted(m.get("failures", {}).items())},
+        "shards": [
+            {
+                **{key: m.get(key) for key in ("shard", "rows", "rank", "host", "fields", "files")},
+                "meta": file_record(shard_dir(out, m["shard"]) / META),
+            }
+            for m in metas
+        ],
     }
-    write_json(out / MANIFEST, manifest)
+    if _read(out / MANIFEST) != manifest:  # a finished run opened again writes nothing
+        write_json(out / MANIFEST, manifest)

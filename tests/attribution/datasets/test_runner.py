@@ -357,3 +357,50 @@ def test_mean_patching_takes_any_function_with_the_patching_signature():
         mean_patching(torch.nn.Identity(), uneven, "x", None, patching=attribution_patching)
     with pytest.raises(ValueError, match="pair 0 must be \\(clean, corrupted\\)"):
         mean_patching(torch.nn.Identity(), [torch.ones(2)], "x", None, patching=attribution_patching)
+
+
+def test_samplers_that_take_other_items_are_refused(data, tmp_path):
+    subset = torch.utils.data.SubsetRandomSampler([1, 4, 6])
+    batches = torch.utils.data.BatchSampler(torch.utils.data.SequentialSampler(data), 2, drop_last=False)
+    cases = {
+        "a SubsetRandomSampler": DataLoader(data, batch_size=2, sampler=subset),
+        "drop_last=True": DataLoader(data, batch_size=2, drop_last=True),
+        r"a batch sampler \(list\)": DataLoader(data, batch_sampler=[[0, 1], [2]]),
+        "a RandomSampler with replacement": DataLoader(
+            data, batch_size=2, sampler=torch.utils.data.RandomSampler(data, replacement=True)
+        ),
+    }
+    for why, loader in cases.items():
+        with pytest.raises(ValueError, match=f"DataLoader with {why}.*Subset"):
+            attribute_dataset(lambda x, t: x.mean(1), loader, tmp_path / "x", progress=False)
+    assert not (tmp_path / "x").exists()  # refused before anything is written
+    res = attribute_dataset(lambda x, t: x.mean(1), DataLoader(data, batch_sampler=batches), tmp_path / "y")
+    assert torch.equal(res.index[:], torch.arange(ITEMS))  # a plain BatchSampler over every item is fine
+
+
+def test_columns_take_0d_tensors_and_empty_lists_like_numpy(tmp_path):
+    x = torch.rand(7, 2, 3)
+    res = attribute_dataset(lambda x, t: x.mean(1), x, tmp_path, batch_size=3, progress=False)
+    assert torch.equal(res.maps[torch.tensor(3)], x[3].mean(0))
+    assert torch.equal(res.maps[np.int64(-1)], x[6].mean(0))
+    assert res.maps[[]].shape == (0, 3) and res.maps[torch.tensor([], dtype=torch.long)].shape == (0, 3)
+    with pytest.raises(TypeError, match="index with an int"):
+        res.maps[torch.tensor(2.0)]
+
+
+def test_abort_on_a_full_disk_leaves_no_temporary_directory_or_open_file(tmp_path):
+    writer = _shards.ShardWriter(tmp_path, 0, rows=4)
+    writer.append({"maps": np.zeros((2, 3), np.float32)})
+
+    class Full:
+        def __init__(self, f):
+            self.f = f
+
+        def close(self):
+            self.f.close()
+            raise OSError(28, "No space left on device")
+
+    opened = writer.files["maps"]
+    writer.files["maps"] = Full(opened)
+    writer.abort()
+    assert opened.closed and not list((tmp_path / "shards").iterdir())
