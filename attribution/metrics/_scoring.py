@@ -65,7 +65,12 @@ class Images:
                 f"pixel_values (B, C, H, W), or a tuple with one (B, C, H, W) tensor; got {describe(inputs)}"
             )
         if not found.is_floating_point():
-            raise TypeError(f"`inputs` must be floating-point images; got {found.dtype}")
+            raise TypeError(
+                f"`inputs` must be floating-point images; got {found.dtype}: convert with `images.float() / 255` "
+                "(then normalise them as the model was trained)"
+            )
+        if found.shape[0] == 0:
+            raise ValueError(f"`inputs` is an empty batch {tuple(found.shape)}: pass at least one image")
         self.pixels = found
 
     def __len__(self) -> int:

@@ -42,3 +42,10 @@ def test_deletion_on_a_nan_image_warns_naming_the_item(tiny_cnn):
     with pytest.warns(UserWarning, match=r"item\(s\) \[0\] score NaN or inf"):
         result = deletion(tiny_cnn, images, maps, 0, steps=4)
     assert bool(torch.isfinite(result.scores[1]).all())
+
+
+def test_empty_batches_and_uint8_images_are_refused_saying_why(tiny_cnn):
+    with pytest.raises(ValueError, match=r"empty batch \(0, 3, 8, 8\)"):
+        deletion(tiny_cnn, torch.rand(0, 3, 8, 8), torch.rand(0, 8, 8), 0, steps=4)
+    with pytest.raises(TypeError, match=r"uint8 images .*images.float\(\) / 255"):
+        deletion(tiny_cnn, torch.randint(0, 255, (2, 3, 8, 8), dtype=torch.uint8), torch.rand(2, 8, 8), 0, steps=4)
