@@ -291,22 +291,28 @@ sys.exit(cli.main(sys.argv[1:]))
 def test_sigterm_leaves_no_temporary_files(image_folder, checkpoint, tmp_path):
     out = tmp_path / "out"
     args = [str(image_folder), str(out), *CLI_OPTIONS, "--batch-size", "1", "--checkpoint", str(checkpoint)]
-    process = subprocess.Popen(
-        [sys.executable, "-c", SLOW_CLI, *args, "--quiet"], cwd=ROOT, env=environment(), stderr=subprocess.PIPE
-    )
-    try:
-        deadline = time.monotonic() + 120
-        while not [p for p in (out / "shards").glob("*.tmp-*") if (p / "maps.npy").is_file()]:
-            assert time.monotonic() < deadline and process.poll() is None, process.stderr.read().decode()[-3000:]
-            time.sleep(0.02)
-        process.send_signal(signal.SIGTERM)
-        assert process.wait(60) == 143
-        assert process.stderr.read().decode().splitlines()[-1].startswith("terminated after ")
-    finally:
-        if process.poll() is None:
-            process.kill()
-        process.stderr.close()
+    with open(tmp_path / "stderr.txt", "w+b") as stderr:  # a file, not a pipe: warnings must never block the run
+        process = subprocess.Popen([sys.executable, "-c", SLOW_CLI, *args, "--quiet"], cwd=ROOT, env=environment(),
+                                   stderr=stderr)  # fmt: skip
+        try:
+            deadline = time.monotonic() + 120
+            while not [p for p in (out / "shards").glob("*.tmp-*") if (p / "maps.npy").is_file()]:
+                assert time.monotonic() < deadline and process.poll() is None, stderr_text(stderr)[-3000:]
+                time.sleep(0.02)
+            process.send_signal(signal.SIGTERM)
+            assert process.wait(60) == 143
+            assert stderr_text(stderr).splitlines()[-1].startswith("terminated after ")
+        finally:
+            if process.poll() is None:
+                process.kill()
     assert not list(out.rglob("*.tmp-*"))
+
+
+def stderr_text(file) -> str:
+    """What a process wrote to ``file`` so far."""
+    file.flush()
+    file.seek(0)
+    return file.read().decode()
 
 
 def _has_timm() -> bool:
