@@ -65,4 +65,6 @@ nitpick_ignore = [
     ("py:class", "attribution.rollout._sites.AttentionSite"),
     # what attribution.lens.lm_layout returns (the layout lives in the private attribution._lm)
     ("py:class", "attribution._lm.LMLayout"),
+    # the private per-layer record of a circuits graph (module names of one decoder layer)
+    ("py:class", "attribution.circuits.graph.Layer"),
 ]

@@ -153,7 +153,7 @@ class HookHandle:
 
         ``forward``: ``invoke(module, args, kwargs, output, extras) -> new output or None``; ``forward_pre``:
         ``invoke(module, args, kwargs, extras) -> (args, kwargs) or None``; ``backward``:
-        ``invoke(module, grad_input, grad_output, extras)``, where ``extras`` maps every name of :data:`EXTRAS` to its
+        ``invoke(module, grad_input, grad_output, extras)``, where ``extras`` maps every name of ``EXTRAS`` to its
         value for this call (only those in ``asks`` are passed on). ``name`` is the name this handle was registered
         under, also when the manager knows the module under another (a module reachable under two names).
 

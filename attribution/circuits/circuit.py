@@ -11,7 +11,7 @@ class Circuit:
     """A set of edges ``(writer, reader)``, in the order they were given (duplicates dropped).
 
     Node names are those of :class:`attribution.circuits.Graph`; they are checked against a model's graph when the
-    circuit is used (:func:`attribution.circuits.evaluate`), not here.
+    circuit is used (:func:`attribution.evaluate`), not here.
 
     Example:
         >>> a = Circuit(edges=[("embed", "a0.h1.q"), ("a0.h1", "logits")])

@@ -65,7 +65,7 @@ def evaluate(
     """The metric of the clean run in which only the edges of ``circuit`` carry clean values (see the module docs).
 
     Args:
-        model: a causal language model (see :func:`attribution.circuits.edge_attribution`).
+        model: a causal language model (see :func:`attribution.edge_attribution`).
         clean: the clean inputs.
         corrupted: the corrupted inputs, same structure and shapes.
         metric: ``metric(model_output) -> scalar tensor``.
@@ -194,7 +194,7 @@ def exact_edge_effects(
 
     One patched run per edge, in which only the edge's reader sees the writer's corrupted activation (every other
     edge keeps its clean value). The module calls that finish before the reader are replayed from the clean run
-    instead of recomputed, where that cannot be told apart from running them (see :mod:`attribution._reuse`).
+    instead of recomputed, where that cannot be told apart from running them (see ``attribution.patching._replay``).
 
     Returns:
         A float64 tensor ``(edges,)``, in the order of ``edges``.

@@ -56,7 +56,7 @@ class Graph:
 
     @property
     def writers(self) -> list[str]:
-        """Writer names in graph order: ``embed``, then per layer its heads and its MLP."""
+        """The writer names in graph order (``embed``, then per layer its heads and its MLP)."""
         names = ["embed"]
         for layer in range(len(self.layers)):
             names += [f"a{layer}.h{h}" for h in range(self.n_heads)] + [f"m{layer}"]
@@ -64,7 +64,7 @@ class Graph:
 
     @property
     def readers(self) -> list[str]:
-        """Reader names in graph order: per layer q per head, k and v per group, the MLP; then ``logits``."""
+        """The reader names in graph order (per layer q per head, k and v per group, the MLP; then ``logits``)."""
         names = []
         for layer in range(len(self.layers)):
             names += [f"a{layer}.h{h}.q" for h in range(self.n_heads)]
@@ -74,7 +74,7 @@ class Graph:
 
     @property
     def attention_readers(self) -> int:
-        """Readers of one layer's attention: ``H + 2 G``."""
+        """The number of readers of one layer's attention, ``H + 2 G``."""
         return self.n_heads + 2 * self.n_groups
 
     def upstream(self) -> torch.Tensor:
@@ -126,7 +126,7 @@ def _close(name: str, names: list[str]) -> str:
 
 # -- reading the graph from a model ------------------------------------------------------------------------------
 def read_graph(model: nn.Module, **names: Any) -> Graph:
-    """The graph of a HuggingFace-style decoder-only transformer, from :func:`attribution._lm.lm_layout`.
+    """The graph of a HuggingFace-style decoder-only transformer, from :func:`attribution.lens.lm_layout`.
 
     Args:
         model: a causal language model (Llama, Qwen2, Mistral, Gemma, SmolLM2, GPT-2 and models named like them).

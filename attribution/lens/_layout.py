@@ -1,4 +1,4 @@
-"""The layout of the language model, found by :func:`attribution._lm.lm_layout` or given, checked for the lens."""
+"""The layout of the language model, found by :func:`attribution.lens.lm_layout` or given, checked for the lens."""
 
 from __future__ import annotations
 

@@ -28,7 +28,7 @@ def plot_logit_lens(
     """The top token of every (layer, position) of one example, coloured by its probability.
 
     Args:
-        lens: ``(layers, B, T, vocab)`` from :func:`attribution.lens.logit_lens`.
+        lens: ``(layers, B, T, vocab)`` from :func:`attribution.logit_lens`.
         decode: a tokenizer (its ``decode``) or a function from a token id to its text; ``None``: the ids.
         tokens: the input tokens, as the positions' labels.
         layers: the rows' labels (default ``L0``, ``L1``, ...).
@@ -91,7 +91,7 @@ def plot_direct_logit_attribution(
     """Every head's direct effect as a layers x heads heatmap (red: towards the direction, blue: against).
 
     Args:
-        dla: from :func:`attribution.lens.direct_logit_attribution` with ``components="heads"`` and an int position.
+        dla: from :func:`attribution.direct_logit_attribution` with ``components="heads"`` and an int position.
         example: which example; ``None``: the mean over the batch.
         ax: the axes to draw on (else a new figure).
         title: the title.
