@@ -14,8 +14,8 @@ from torch import nn
 
 from .._inputs import batch_size
 from .._run import HookedRun
-from ..patching._sweep import checked_metric as _checked_metric
-from ..patching.attribution import _Tap
+from ..patching._sweep import checked_metric
+from ..patching.attribution import Tap
 from ._math import head_writes, reader_inputs, split_readers, wide
 from ._sites import head_weights, hook_graph, reader_slice, reader_weights
 from .graph import Graph
@@ -75,7 +75,7 @@ def record_run(model: nn.Module, graph: Graph, inputs: Any, metric: Metric) -> R
         final: list[torch.Tensor] = []
         hook_graph(run.group, graph, embed=writers.embed, heads=writers.heads, mlp_output=writers.mlp,
                    attn_input=keep(found.attn), mlp_input=keep(found.mlp), final_input=keep(final))  # fmt: skip
-        found.metric = float(_checked_metric(metric, run.forward(inputs), False, batch_size(inputs)))
+        found.metric = float(checked_metric(metric, run.forward(inputs), False, batch_size(inputs)))
     found.writers, found.final = writers.buffer, final[0]
     return found
 
@@ -122,7 +122,7 @@ def gradient_run(
         def tap(key: tuple[str, int, str], x: torch.Tensor) -> torch.Tensor:
             """A copy of ``x`` whose gradient also reaches a leaf kept under ``key``."""
             taps[key] = x.detach().clone().requires_grad_(True)
-            return _Tap.apply(x, taps[key])
+            return Tap.apply(x, taps[key])
 
         def projection(layer: int, kind: str, x: torch.Tensor) -> torch.Tensor:
             return tap(("attn", layer, kind), x)
@@ -135,7 +135,7 @@ def gradient_run(
         hook_graph(run.group, graph, embed=start, attn_input=keep, projection=projection, mlp_input=site("mlp"),
                    final_input=site("final"), heads=writers.heads if writers else None,
                    mlp_output=writers.mlp if writers else None)  # fmt: skip
-        value = _checked_metric(metric, run.forward(inputs), False, batch_size(inputs))
+        value = checked_metric(metric, run.forward(inputs), False, batch_size(inputs))
         if not value.requires_grad:
             raise ValueError(
                 "`metric` returned a tensor without a gradient: it does not depend on the model's output through "
@@ -220,4 +220,4 @@ def patched_run(
                    final_input=single("final"), embed=writers.embed if writers else None,
                    heads=writers.heads if writers else None,
                    mlp_output=writers.mlp if writers else None)  # fmt: skip
-        return float(_checked_metric(metric, run.forward(inputs), False, batch_size(inputs)))
+        return float(checked_metric(metric, run.forward(inputs), False, batch_size(inputs)))

@@ -24,8 +24,7 @@ from torch import nn
 
 from .._progress import progress as progress_bar
 from .._run import HookedRun, eager_module, warn
-from ..patching._sweep import check_same_shapes as _check_same_shapes
-from ..patching._sweep import plain as _plain
+from ..patching._sweep import check_same_shapes, plain
 from ._math import norm_vjp, wide
 from ._runs import Gradients, gradient_run, record_run
 from ._sites import reader_weights
@@ -129,8 +128,8 @@ def edge_attribution(
     if isinstance(ig_steps, bool) or not isinstance(ig_steps, int) or ig_steps < 1:
         raise ValueError(f"`ig_steps` must be an int of at least 1 (1: EAP); got {ig_steps!r}")
     model = eager_module(model)
-    clean, corrupted = _plain(clean, model), _plain(corrupted, model)
-    _check_same_shapes(clean, corrupted)
+    clean, corrupted = plain(clean, model), plain(corrupted, model)
+    check_same_shapes(clean, corrupted)
     graph = read_graph(model, **(names or {}))
     with HookedRun(model, "circuits"):  # one saved state for the whole call; each run keeps its own too
         for p in model.parameters():

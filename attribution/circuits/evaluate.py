@@ -21,8 +21,7 @@ from hooks import hooked_modules
 from .._progress import progress as progress_bar
 from .._run import HookedRun, eager_module
 from ..patching._replay import replaying
-from ..patching._sweep import check_same_shapes as _check_same_shapes
-from ..patching._sweep import plain as _plain
+from ..patching._sweep import check_same_shapes, plain
 from ._runs import patched_run, record_run
 from .circuit import Circuit
 from .edges import EdgeScores
@@ -33,8 +32,8 @@ Metric = Callable[[Any], torch.Tensor]
 
 def _prepared(model: nn.Module, clean: Any, corrupted: Any, names: Mapping[str, Any] | None) -> tuple[Any, ...]:
     model = eager_module(model)
-    clean, corrupted = _plain(clean, model), _plain(corrupted, model)
-    _check_same_shapes(clean, corrupted)
+    clean, corrupted = plain(clean, model), plain(corrupted, model)
+    check_same_shapes(clean, corrupted)
     return model, clean, corrupted, read_graph(model, **(names or {}))
 
 

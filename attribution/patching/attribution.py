@@ -241,7 +241,7 @@ def _gradient_run(
             if replace is None:
                 # our own copy: an in-place change of the module's tensor later in the forward cannot reach it
                 leaf = run.leaf(current.detach().clone())
-                new = _Tap.apply(current, leaf)  # a copy of `current`; its gradient reaches both
+                new = Tap.apply(current, leaf)  # a copy of `current`; its gradient reaches both
             else:
                 if call_index >= len(replace[name]):
                     raise ran_more_often(name, len(replace[name]))
@@ -269,15 +269,17 @@ def _gradient_run(
     return acts, grads, value.detach()
 
 
-class _Tap(torch.autograd.Function):
-    """``_Tap.apply(x, leaf)``: a copy of ``x`` whose gradient goes to both ``x`` and ``leaf`` (equal tensors)."""
+class Tap(torch.autograd.Function):
+    """``Tap.apply(x, leaf)``: a copy of ``x`` whose gradient goes to both ``x`` and ``leaf`` (equal tensors)."""
 
     @staticmethod
     def forward(ctx: Any, x: torch.Tensor, leaf: torch.Tensor) -> torch.Tensor:
+        """A copy of ``x``."""
         return x.clone()
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, torch.Tensor]:
+        """The same gradient to ``x`` (where it needs one) and to ``leaf``."""
         return (grad if ctx.needs_input_grad[0] else None), grad
 
 
