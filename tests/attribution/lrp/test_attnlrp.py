@@ -11,7 +11,7 @@ import torch
 from torch import nn
 
 from attribution.lrp import AttnLRP
-from attribution.lrp.attnlrp import identity_rule, layer_norm_rule, rms_norm_rule
+from attribution.lrp._transformer import identity_rule, layer_norm_rule, rms_norm_rule
 
 transformers = pytest.importorskip("transformers")
 HERE = Path(__file__).resolve().parent

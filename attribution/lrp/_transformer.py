@@ -1,0 +1,203 @@
+"""AttnLRP's rules for transformers as hooks: where they go in a model (:func:`sites`) and how (:func:`register_rules`).
+
+The rules (Achtibat et al. 2024, https://arxiv.org/abs/2402.05602) in their gradient form, each a forward hook that
+keeps the module's output value and changes only the gradient flowing back through it:
+
+* softmax: its own gradient (AttnLRP's softmax rule is gradient times input);
+* the bilinear products: the uniform rule, half of the relevance to each factor. For ``softmax(q k^T) v`` the
+  gradient into ``v`` is halved and the gradients into ``q`` and ``k`` quartered (half at ``A v``, half again at
+  ``q k^T``); for the gated MLP ``act(gate) * up`` the gradient into the product is halved;
+* elementwise nonlinearities (the MLP's activation): the identity rule, gradient ``act(x) / x``;
+* RMSNorm and LayerNorm: the normalising scale ``1 / rms`` (``1 / std``) is a constant (no gradient through it);
+* linear layers: their gradient (LRP-0, i.e. epsilon rule with epsilon 0, in gradient-times-input form).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+from hooks import HookGroup
+
+__all__ = ["Replace", "Scale", "Sites", "identity_rule", "layer_norm_rule", "register_rules", "rms_norm_rule", "sites"]
+
+IDENTITY_EPSILON = 1e-10
+"""Added to the input of an activation in the identity rule's ``act(x) / (x + eps)`` (as LXT)."""
+
+
+class Scale(torch.autograd.Function):
+    """The identity whose backward multiplies the gradient by ``factor`` (a number or a broadcastable tensor)."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, factor: Any) -> torch.Tensor:
+        """Return ``x`` (as a view)."""
+        ctx.factor = factor
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
+        """``grad * factor``."""
+        return grad * ctx.factor, None
+
+
+class Replace(torch.autograd.Function):
+    """``x -> output`` (computed by the module) whose backward is ``backward(grad)``."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, box: list[Any]) -> torch.Tensor:
+        """Return ``box[0]``; keep the backward ``box[1]``."""
+        ctx.backward_fn = box[1]
+        return box[0]
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
+        """The rule's backward."""
+        return ctx.backward_fn(grad), None
+
+
+# -- the rules as pure functions of the forward's tensors ------------------------------------------------------------
+def identity_rule(x: torch.Tensor, y: torch.Tensor) -> Callable[[torch.Tensor], torch.Tensor]:
+    """AttnLRP's identity rule for ``y = act(x)`` elementwise: the backward ``g -> g * y / (x + 1e-10)``.
+
+    Example:
+        >>> x = torch.tensor([1.0, -2.0]); y = torch.nn.functional.silu(x)
+        >>> identity_rule(x, y)(torch.ones(2)) * x     # relevance in = relevance out (gradient times input)
+        tensor([ 0.7311, -0.2384])
+    """
+    ratio = y / (x + IDENTITY_EPSILON)
+    return lambda g: ratio * g
+
+
+def rms_norm_rule(x: torch.Tensor, weight: torch.Tensor, eps: float) -> Callable[[torch.Tensor], torch.Tensor]:
+    """The backward of HuggingFace's RMSNorm ``w * (x * rsqrt(mean(x^2) + eps))`` with the scale held constant.
+
+    Computed in float32 as the forward is (Llama, Qwen2, Mistral).
+
+    Example:
+        >>> x = torch.tensor([[3.0, 4.0]])
+        >>> rms_norm_rule(x, torch.ones(2), 0.0)(torch.ones(1, 2))     # 1 / rms(x) = 1 / sqrt(12.5)
+        tensor([[0.2828, 0.2828]])
+    """
+    scale = torch.rsqrt(x.to(torch.float32).pow(2).mean(-1, keepdim=True) + eps)
+    return lambda g: ((weight * g).to(torch.float32) * scale).to(x.dtype)
+
+
+def layer_norm_rule(x: torch.Tensor, weight: torch.Tensor | None, eps: float) -> Callable[[torch.Tensor], torch.Tensor]:
+    """The backward of ``(x - mean(x)) / std(x) * w + b`` with ``std`` held constant (the mean is not).
+
+    Example:
+        >>> g = layer_norm_rule(torch.tensor([[1.0, 3.0]]), None, 0.0)(torch.tensor([[1.0, 0.0]]))
+        >>> g                                           # (g - mean(g)) / std, std = 1
+        tensor([[ 0.5000, -0.5000]])
+    """
+    std = (x.var(-1, unbiased=False, keepdim=True) + eps).sqrt()
+
+    def backward(g: torch.Tensor) -> torch.Tensor:
+        gw = g * weight if weight is not None else g
+        return (gw - gw.mean(-1, keepdim=True)) / std
+
+    return backward
+
+
+# -- which modules get which rule ----------------------------------------------------------------------------------
+@dataclass
+class Sites:
+    """Module names of one model, by rule."""
+
+    embedding: str
+    scaled: dict[str, float | torch.Tensor]  # module -> factor on the gradient of its output
+    halved_inputs: list[str]  # modules whose input (a gated product) gets half the gradient
+    activations: list[str]
+    rms_norms: list[str]
+    layer_norms: list[str]
+
+
+def _is_rms_norm(module: nn.Module) -> bool:
+    return type(module).__name__.endswith("RMSNorm") and isinstance(getattr(module, "weight", None), torch.Tensor)
+
+
+def sites(model: nn.Module) -> Sites:
+    """Where the rules go in a HuggingFace decoder LM (Llama/Qwen2/Mistral style, or GPT-2); raises otherwise."""
+    getter = getattr(model, "get_input_embeddings", None)
+    embeddings = getter() if callable(getter) else None
+    names = {id(m): n for n, m in model.named_modules()}
+    if not isinstance(embeddings, nn.Module) or id(embeddings) not in names:
+        raise TypeError(
+            f"AttnLRP needs a HuggingFace language model with get_input_embeddings(); got {type(model).__name__}"
+        )
+    found = Sites(names[id(embeddings)], {}, [], [], [], [])
+    for name, module in model.named_modules():
+        prefix = f"{name}." if name else ""
+        if all(isinstance(getattr(module, p, None), nn.Module) for p in ("q_proj", "k_proj", "v_proj")):
+            found.scaled.update({prefix + "q_proj": 0.25, prefix + "k_proj": 0.25, prefix + "v_proj": 0.5})
+        elif isinstance(getattr(module, "c_attn", None), nn.Module) and hasattr(module, "split_size"):
+            if getattr(module, "is_cross_attention", False):
+                continue
+            split = int(module.split_size)
+            found.scaled[prefix + "c_attn"] = torch.tensor([0.25] * split + [0.25] * split + [0.5] * split)
+        if all(isinstance(getattr(module, p, None), nn.Module) for p in ("gate_proj", "up_proj", "down_proj")):
+            found.halved_inputs.append(prefix + "down_proj")
+            found.activations.append(prefix + "act_fn")
+        elif isinstance(getattr(module, "c_fc", None), nn.Module) and isinstance(
+            getattr(module, "act", None), nn.Module
+        ):
+            found.activations.append(prefix + "act")
+        if _is_rms_norm(module):
+            found.rms_norms.append(name)
+        elif isinstance(module, nn.LayerNorm):
+            found.layer_norms.append(name)
+    if not found.scaled:
+        raise ValueError(
+            f"AttnLRP found no attention it knows in {type(model).__name__}: it handles HuggingFace decoders whose "
+            "attention has q_proj, k_proj and v_proj (Llama, Qwen2, Mistral, ...) or GPT-2's c_attn"
+        )
+    missing = [n for n in found.activations if not isinstance(model.get_submodule(n), nn.Module)]
+    if missing:
+        raise ValueError(f"AttnLRP needs the MLP activations as modules; {missing} are not")
+    return found
+
+
+def register_rules(group: HookGroup, where: Sites) -> None:
+    """Put AttnLRP's rules (everything but the input leaf) on ``group``, as forward hooks on ``where``'s modules.
+
+    Shared by :class:`attribution.AttnLRP` and anything else that wants the LRP-modified backward of a transformer
+    (RelP, Jafari et al. 2025): the forward values are unchanged, only the gradients flowing back are the rules'.
+    """
+
+    def scale(module: nn.Module, args: Any, output: torch.Tensor, *, name: str) -> torch.Tensor:
+        factor = where.scaled[name]
+        if isinstance(factor, torch.Tensor):
+            factor = factor.to(output.dtype)
+        return Scale.apply(output, factor)
+
+    def halve_input(module: nn.Module, args: tuple[Any, ...]) -> tuple[Any, ...]:
+        return (Scale.apply(args[0], 0.5), *args[1:])
+
+    def identity(module: nn.Module, args: tuple[Any, ...], output: torch.Tensor) -> torch.Tensor:
+        return Replace.apply(args[0], [output.detach(), identity_rule(args[0].detach(), output.detach())])
+
+    def rms(module: nn.Module, args: tuple[Any, ...], output: torch.Tensor) -> torch.Tensor:
+        eps = float(getattr(module, "variance_epsilon", getattr(module, "eps", 1e-6)))
+        weight = getattr(module, "weight", None)
+        assert isinstance(weight, torch.Tensor)
+        step = rms_norm_rule(args[0].detach(), weight.detach(), eps)
+        return Replace.apply(args[0], [output.detach(), step])
+
+    def layer_norm(module: nn.LayerNorm, args: tuple[Any, ...], output: torch.Tensor) -> torch.Tensor:
+        weight = module.weight.detach() if module.weight is not None else None
+        step = layer_norm_rule(args[0].detach(), weight, float(module.eps))
+        return Replace.apply(args[0], [output.detach(), step])
+
+    group.forward(list(where.scaled), scale)
+    if where.halved_inputs:
+        group.forward_pre(where.halved_inputs, halve_input)
+    if where.activations:
+        group.forward(where.activations, identity)
+    if where.rms_norms:
+        group.forward(where.rms_norms, rms)
+    if where.layer_norms:
+        group.forward(where.layer_norms, layer_norm)
