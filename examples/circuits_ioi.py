@@ -96,6 +96,14 @@ def curves_on(model: Any, ioi: Any, scores: dict[str, EdgeScores], ranked: list[
     return found
 
 
+def half(ioi: Any, rows: slice) -> tuple[dict[str, Any], dict[str, Any], Any]:
+    """The clean and corrupted inputs of some of the prompts, and their metric."""
+    from _smollm2 import IOI
+
+    part = IOI(ioi.clean[rows], ioi.corrupted[rows], ioi.io[rows], ioi.s[rows], ioi.texts[rows])
+    return part.inputs("clean"), part.inputs("corrupted"), part.mean_logit_diff
+
+
 def print_table(title: str, curves: dict[str, Any]) -> None:
     print(f"\n{title}\n| edges | " + " | ".join(str(n) for n in BUDGETS) + " |")
     print("|---|" + "---|" * len(BUDGETS))
@@ -147,6 +155,15 @@ def main(out: Path, exact_candidates: int = 150, threads: int = 2, corruption: s
         low, high = (float(held_out.mean_logit_diff(model(**held_out.inputs(w)))) for w in ("corrupted", "clean"))
     print_table(f"held-out prompts (metric clean {high:.3f}, corrupted {low:.3f})", held)
     print_table("in-sample (the scoring prompts)", inside)
+    print("\nsampling spread: faithfulness on each half of the held-out prompts (10 + 10; pairs 1-5 and 6-10)")
+    for name, s in scores.items():
+        cells = []
+        for n in (100, 400, 1000):
+            halves = [
+                float(faithfulness(model, *half(held_out, rows), s.top(n))) for rows in (slice(0, 10), slice(10, 20))
+            ]
+            cells.append(f"{n}: {halves[0]:.2f} / {halves[1]:.2f}")
+        print(f"  {name}: " + ", ".join(cells))
 
     # 3. heads --------------------------------------------------------------------------------------------------
     heads_atp = attribution_patching(model, clean, corrupted, "model.layers.*.self_attn.o_proj", metric, site="input",

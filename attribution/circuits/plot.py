@@ -85,8 +85,8 @@ def plot_circuit(scores: EdgeScores, n: int = 100, *, ax: Any = None, title: str
 
     Red where the score is negative (corrupting the edge lowers the metric: the edge carries the behaviour), blue
     where it is positive. Writers are dots, readers squares (an MLP, both, a dot); edges within a row (a head to its
-    own layer's MLP) are arcs, the others slightly bent so that they do not run through the nodes between them. The
-    rows are labelled by layer on the left.
+    own layer's MLP) are arcs, edges between nodes one above the other wider arcs, the others slightly bent, so that
+    they do not run through the nodes between them. The rows are labelled by layer on the left.
 
     Args:
         scores: the edge scores.
@@ -113,9 +113,9 @@ def plot_circuit(scores: EdgeScores, n: int = 100, *, ax: Any = None, title: str
     largest = max((abs(s) for *_, s in edges), default=1.0) or 1.0
     for writer, reader, score in sorted(edges, key=lambda e: abs(e[2])):
         start, end = places[writer], places[reader]
-        same_row = start[1] == end[1]
+        bend = -0.35 if start[1] == end[1] else 0.3 if abs(start[0] - end[0]) < 0.03 else 0.06  # arcs apart
         ax.add_patch(FancyArrowPatch(
-            start, end, arrowstyle="-", connectionstyle=f"arc3,rad={-0.35 if same_row else 0.06}",
+            start, end, arrowstyle="-", connectionstyle=f"arc3,rad={bend}",
             color="tab:red" if score < 0 else "tab:blue", linewidth=0.4 + 4.5 * abs(score) / largest, alpha=0.55,
             zorder=1, shrinkA=3, shrinkB=3,
         ))  # fmt: skip
