@@ -8,6 +8,7 @@ logit difference IO - S at the last token. Floor: one clean forward with autogra
 corrupted forward without, and one backward to the input embeddings (no parameter gradients). Timed: all edges by
 EAP (``ig_steps=1``) and by EAP-IG (``ig_steps=5``). Peak memory: the tensors each call creates (parameters and
 inputs excluded), with benchmarks._timing.memory; EAP's peak at batch 10 and 20 shows how it grows with the batch.
+Then ``exact_edge_effects`` of EAP's top 48 edges with 1, 8 and 16 edges per forward, on 20 prompts and on 2.
 
 Second table: a random HF GPT-2 (4 layers, 8 heads, d_model 256; batch 8, 32 tokens) against TransformerLens 4.3's
 edge attribution patching (``attribution_patch(..., granularity="edge")`` on ``TransformerBridge.boot_transformers``
@@ -23,11 +24,12 @@ from __future__ import annotations
 
 import argparse
 import os
+from collections.abc import Callable
 from typing import Any
 
 import torch
 
-from attribution.circuits import edge_attribution
+from attribution.circuits import edge_attribution, exact_edge_effects
 from benchmarks._timing import interleaved, memory, setup, table
 
 
@@ -80,7 +82,29 @@ def smollm2(rounds: int) -> None:
     buffer = writers * 20 * 14 * d_model * 4 / 2**20
     print(f"EAP peak: batch 10 {peak_10[0]:.0f} MiB, batch 20 {peaks['EAP']:.0f} MiB; the writers' deltas at batch 20 "
           f"are {buffer:.0f} MiB (301 writers x 20 x 14 tokens x {d_model} float32)")  # fmt: skip
+    exact_effects(model, clean, corrupted, metric, rounds, "20 prompts")
+    two = ioi_prompts(tokenizer)
+    two.clean, two.corrupted, two.io, two.s = ioi.clean[:2], ioi.corrupted[:2], ioi.io[:2], ioi.s[:2]
+    exact_effects(model, two.inputs("clean"), two.inputs("corrupted"), two.mean_logit_diff, rounds, "2 prompts")
     print(load())
+
+
+def exact_effects(model: Any, clean: dict, corrupted: dict, metric: Any, rounds: int, label: str) -> None:
+    """exact_edge_effects of EAP's top 48 edges: one edge per forward against 8 and 16 edges per forward."""
+    top = [(w, r) for w, r, _ in edge_attribution(model, clean, corrupted, metric, progress=False).edges(48)]
+
+    def per_forward(k: int) -> Callable[[], Any]:
+        return lambda: exact_edge_effects(model, clean, corrupted, metric, top, edges_per_run=k, progress=False)
+
+    variants = {f"{k} edge(s) per forward": per_forward(k) for k in (1, 8, 16)}
+    results = {name: fn() for name, fn in variants.items()}
+    one = results["1 edge(s) per forward"]
+    worst = max(float((r - one).abs().max()) for r in results.values()) / float(one.abs().max())
+    times = interleaved(variants, rounds, warmup=0)
+    base = times["1 edge(s) per forward"]
+    rows = [[name, f"{t:.2f}", f"{base / t:.2f}x"] for name, t in times.items()]
+    print(table([f"exact effects of EAP's top 48 edges (SmolLM2, {label})", "seconds (median)", "speed-up"], rows))
+    print(f"largest difference from one edge per forward: {worst:.1e} of the largest |effect| (float32)")
 
 
 def _tl_name(node: Any) -> str:

@@ -14,7 +14,7 @@ from torch import nn
 
 from .._inputs import batch_size
 from .._run import HookedRun
-from ..patching._sweep import checked_metric
+from ..patching._sweep import checked_metric, take_rows
 from ..patching.attribution import Tap
 from ._math import head_writes, reader_inputs, split_readers, wide
 from ._sites import head_weights, hook_graph, reader_slice, reader_weights
@@ -161,23 +161,20 @@ def patched_run(
     metric: Metric,
     corrupted: Recorded,
     out: torch.Tensor,
-    *,
-    deltas: torch.Tensor | None = None,
 ) -> float:
     """The metric of ``inputs`` run with every edge of ``out`` ``(writers, readers)`` carrying its corrupted value.
 
-    Without ``deltas`` each writer's delta (this run's activation minus the corrupted one) is taken during the run;
-    with ``deltas`` they are given (the run up to the readers is then the run they were taken from).
+    Each writer's delta (this run's activation minus the corrupted one) is taken during the run.
     """
     upstream = graph.upstream().tolist()
     per_layer = graph.attention_readers + 1
     mixed: dict[int, tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = {}  # layer -> (reader inputs, W, b)
 
     with HookedRun(model, "circuits-patched") as run:
-        writers = _Writers(model, graph, corrupted.writers) if deltas is None else None  # this run's deltas
+        writers = _Writers(model, graph, corrupted.writers)  # this run's deltas
 
         def delta() -> torch.Tensor:
-            return deltas if deltas is not None else writers.buffer  # type: ignore[union-attr]
+            return writers.buffer
 
         def attn_input(layer: int, x: torch.Tensor) -> torch.Tensor | None:
             first = layer * per_layer
@@ -217,7 +214,72 @@ def patched_run(
             return fn
 
         hook_graph(run.group, graph, attn_input=attn_input, projection=projection, mlp_input=single("mlp"),
-                   final_input=single("final"), embed=writers.embed if writers else None,
-                   heads=writers.heads if writers else None,
-                   mlp_output=writers.mlp if writers else None)  # fmt: skip
+                   final_input=single("final"), embed=writers.embed, heads=writers.heads,
+                   mlp_output=writers.mlp)  # fmt: skip
         return float(checked_metric(metric, run.forward(inputs), False, batch_size(inputs)))
+
+
+def edge_runs(
+    model: nn.Module,
+    graph: Graph,
+    inputs: Any,
+    metric: Metric,
+    deltas: torch.Tensor,
+    edges: list[tuple[int, int]],
+    batch: int,
+) -> list[float]:
+    """The metric of each one-edge patched run, all in one forward of ``inputs`` (``len(edges)`` copies stacked).
+
+    Copy ``c`` (rows ``c * batch`` to ``(c + 1) * batch``) is the clean run in which only reader ``edges[c][1]`` sees
+    writer ``edges[c][0]``'s corrupted activation: its input minus that writer's delta ``deltas[w]`` (clean -
+    corrupted). Up to that reader the copy is the clean run, so the residual stream there is the clean one.
+    """
+    per_layer = graph.attention_readers + 1
+    by_reader: dict[int, list[tuple[int, int]]] = {}  # reader -> [(copy, writer)]
+    for copy, (w, r) in enumerate(edges):
+        by_reader.setdefault(r, []).append((copy, w))
+    stream: dict[int, torch.Tensor] = {}
+
+    with HookedRun(model, "circuits-edges") as run:
+
+        def attn_input(layer: int, x: torch.Tensor) -> None:
+            if any(layer * per_layer + i in by_reader for i in range(graph.attention_readers)):
+                stream[layer] = x
+
+        def projection(layer: int, kind: str, output: torch.Tensor) -> torch.Tensor | None:
+            first, readers = layer * per_layer, reader_slice(graph, kind)
+            chosen = [i for i in range(readers.start, readers.stop) if first + i in by_reader]
+            if not chosen:
+                return None
+            weight, b = reader_weights(model, graph, layer)
+            norm = model.get_submodule(graph.layers[layer].attn_norm).forward  # not __call__: no hooks again
+            new = output.clone().unflatten(-1, (-1, graph.d_head))
+            x = stream[layer]
+            for i in chosen:
+                copies = by_reader[first + i]
+                rows = torch.cat([torch.arange(c * batch, (c + 1) * batch) for c, _ in copies])
+                lowered = torch.cat([x[c * batch : (c + 1) * batch] - deltas[w].to(x.dtype) for c, w in copies])
+                projected = norm(lowered) @ weight[i].T.to(output.dtype)
+                new[rows, :, i - readers.start] = projected + b[i].to(output.dtype)
+            return new.flatten(-2)
+
+        def single(which: str) -> Callable[[int, torch.Tensor], torch.Tensor | None]:
+            def fn(layer: int, x: torch.Tensor) -> torch.Tensor | None:
+                reader = layer * per_layer + graph.attention_readers if which == "mlp" else len(graph.readers) - 1
+                if reader not in by_reader:
+                    return None
+                x = x.clone()
+                for copy, w in by_reader[reader]:
+                    x[copy * batch : (copy + 1) * batch] -= deltas[w].to(x.dtype)
+                return x
+
+            return fn
+
+        hook_graph(run.group, graph, attn_input=attn_input, projection=projection, mlp_input=single("mlp"),
+                   final_input=single("final"))  # fmt: skip
+        output = run.forward(inputs)
+    stacked = len(edges) * batch
+    return [
+        float(checked_metric(metric, take_rows(output, slice(c * batch, (c + 1) * batch), stacked), False, batch))
+        for c in range(len(edges))
+    ]

@@ -15,7 +15,7 @@ over ``k`` runs whose first-layer input is ``embed(corrupted) + i/k (embed(clean
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -90,10 +90,11 @@ def edge_attribution(
     """Score every edge of a decoder-only transformer with EAP (``ig_steps=1``) or EAP-IG (see the module docs).
 
     All edges come from one corrupted forward, one clean forward with its backward, and ``ig_steps - 1`` more
-    forwards and backwards at the integrated-gradients points; every example of the batch in each. Each layer's
-    readers' gradients ``(readers, batch, tokens, d_model)`` are contracted with the deltas of the writers upstream
-    of them as soon as they are known, so the memory of the scores' own buffers is the writers' deltas plus one
-    layer's readers.
+    forwards and backwards at the integrated-gradients points; every example of the batch in each. The readers'
+    gradients ``(readers, batch, tokens, d_model)`` are contracted with the deltas of the writers upstream of them in
+    one matrix product per layer: for EAP as soon as a layer's are known (the scores' own buffers are the writers'
+    deltas plus one layer's readers), for EAP-IG once, after summing them over the points (the deltas plus every
+    reader's gradient: linear in the batch and in the number of nodes, never in the number of edges).
 
     Args:
         model: a HuggingFace-style causal language model (Llama, Qwen2, Mistral, Gemma, SmolLM2 or GPT-2 layout; see
@@ -140,11 +141,18 @@ def edge_attribution(
         total = torch.zeros(len(graph.writers), len(graph.readers), dtype=deltas.dtype)
         grads = gradient_run(model, graph, clean, metric, deltas=deltas)
         high = grads.metric
-        _accumulate(total, model, graph, grads, deltas)
-        steps = range(1, ig_steps)
-        for i in progress_bar(steps, desc="EAP-IG", enabled=progress and bool(steps)):
-            point = start + i / ig_steps * deltas[0]
-            _accumulate(total, model, graph, gradient_run(model, graph, clean, metric, embed=point), deltas)
+        if ig_steps == 1:  # contracted layer by layer: one layer's readers in memory at a time
+            for first, upstream, readers in _reader_gradients(model, graph, grads):
+                _contract(total, deltas, readers, first, upstream)
+        else:  # the readers' gradients summed over the points first, then contracted once
+            summed = list(_reader_gradients(model, graph, grads))
+            for i in progress_bar(range(1, ig_steps), desc="EAP-IG", enabled=progress):
+                point = start + i / ig_steps * deltas[0]
+                found = _reader_gradients(model, graph, gradient_run(model, graph, clean, metric, embed=point))
+                for (*_, into), (*_, readers) in zip(summed, found, strict=True):
+                    into += readers
+            for first, upstream, readers in summed:
+                _contract(total, deltas, readers, first, upstream)
     scores = torch.where(graph.edge_mask(), -total / ig_steps, torch.nan)
     finite = scores[graph.edge_mask()]
     if not finite.isfinite().all():
@@ -156,8 +164,11 @@ def edge_attribution(
     return EdgeScores(graph.writers, graph.readers, scores, high, low.metric, ig_steps)
 
 
-def _accumulate(total: torch.Tensor, model: nn.Module, graph: Graph, grads: Gradients, deltas: torch.Tensor) -> None:
-    """``total[w, r] += deltas[w] . g_r`` for every edge, one layer's readers at a time (deltas: clean - corrupted)."""
+ReaderGradients = tuple[int, list[int], torch.Tensor]
+
+
+def _reader_gradients(model: nn.Module, graph: Graph, grads: Gradients) -> Iterator[ReaderGradients]:
+    """Per layer, then for ``logits``: (first reader, upstream counts, gradients ``(readers, batch, tokens, d)``)."""
     upstream = graph.upstream().tolist()
     per_layer = graph.attention_readers + 1
     for layer, spec in enumerate(graph.layers):
@@ -165,10 +176,10 @@ def _accumulate(total: torch.Tensor, model: nn.Module, graph: Graph, grads: Grad
         out_grads = grads.attn[layer]  # (readers, batch, tokens, d_head)
         normed = torch.einsum("rbte,red->rbtd", out_grads, weight.to(out_grads.dtype))
         norm = model.get_submodule(spec.attn_norm).forward  # not __call__: no hooks
-        reader_grads = torch.cat([norm_vjp(norm, grads.attn_x[layer], normed), grads.mlp[layer][None]])
+        readers = torch.cat([norm_vjp(norm, grads.attn_x[layer], normed), grads.mlp[layer][None]])
         first = layer * per_layer
-        _contract(total, deltas, reader_grads, first, upstream[first : first + per_layer])
-    _contract(total, deltas, grads.final[None], len(graph.readers) - 1, upstream[-1:])
+        yield first, upstream[first : first + per_layer], wide(readers)
+    yield len(graph.readers) - 1, upstream[-1:], wide(grads.final[None])
 
 
 def _contract(total: torch.Tensor, deltas: torch.Tensor, grads: torch.Tensor, first: int, upstream: list[int]) -> None:

@@ -18,11 +18,12 @@ from torch import nn
 
 from hooks import hooked_modules
 
+from .._inputs import batch_size
 from .._progress import progress as progress_bar
 from .._run import HookedRun, eager_module
 from ..patching._replay import replaying
-from ..patching._sweep import check_same_shapes, plain
-from ._runs import patched_run, record_run
+from ..patching._sweep import check_same_shapes, plain, repeat_batch
+from ._runs import edge_runs, patched_run, record_run
 from .circuit import Circuit
 from .edges import EdgeScores
 from .graph import Graph, read_graph
@@ -186,17 +187,34 @@ def exact_edge_effects(
     metric: Metric,
     edges: Iterable[tuple[str, str]],
     *,
+    edges_per_run: int = 8,
     progress: bool = True,
     names: Mapping[str, Any] | None = None,
 ) -> torch.Tensor:
     """What each EAP score estimates, exactly: ``metric(clean with only that edge corrupted) - metric(clean)``.
 
     One patched run per edge, in which only the edge's reader sees the writer's corrupted activation (every other
-    edge keeps its clean value). The module calls that finish before the reader are replayed from the clean run
-    instead of recomputed, where that cannot be told apart from running them (see ``attribution.patching._replay``).
+    edge keeps its clean value). ``edges_per_run`` of them go in one forward, the clean batch stacked once per edge,
+    in the order of their readers; the module calls that finish before the first reader of a forward are replayed
+    from the clean run instead of recomputed, where that cannot be told apart from running them (see
+    ``attribution.patching._replay``).
+
+    Args:
+        model: a causal language model (see :func:`attribution.edge_attribution`).
+        clean: the clean inputs.
+        corrupted: the corrupted inputs, same structure and shapes.
+        metric: ``metric(model_output) -> scalar tensor``, called on each patched run's rows.
+        edges: ``(writer, reader)`` pairs.
+        edges_per_run: how many edges share a forward (memory grows with it: that many copies of the batch).
+        progress: a progress bar over the forwards.
+        names: module names and sizes for a layout :func:`~attribution.circuits.read_graph` does not find by itself.
 
     Returns:
         A float64 tensor ``(edges,)``, in the order of ``edges``.
+
+    Raises:
+        KeyError: ``edges`` names nodes that are not in the model's graph.
+        ValueError: a pair that is not an edge; ``edges_per_run`` not a positive int; inputs of different shapes.
 
     Example:
         >>> import transformers
@@ -208,31 +226,35 @@ def exact_edge_effects(
         >>> exact_edge_effects(model, clean, corrupted, metric, [("embed", "a0.h0.q")], progress=False).shape
         torch.Size([1])
     """
+    if isinstance(edges_per_run, bool) or not isinstance(edges_per_run, int) or edges_per_run < 1:
+        raise ValueError(f"`edges_per_run` must be an int of at least 1; got {edges_per_run!r}")
     hooked = {id(m) for m in hooked_modules(model)}
     model, clean, corrupted, graph = _prepared(model, clean, corrupted, names)
-    edges = list(edges)
-    w, r = graph.edge_indices(edges, "`edges`")
-    layer_of = graph.layers
-    per_layer = graph.attention_readers + 1
-    sites: list[tuple[str, Literal["output", "input"]]] = []
-    for reader in r:
-        layer, kind = divmod(reader, per_layer)
-        if layer == len(layer_of):
-            sites.append((graph.final_norm, "input"))
-        else:
-            spec = layer_of[layer]
-            sites.append((spec.mlp_norm if kind == graph.attention_readers else spec.attn_norm, "input"))
-    values = torch.empty(len(edges), dtype=torch.float64)
+    w, r = graph.edge_indices(list(edges), "`edges`")
+    order = sorted(range(len(w)), key=lambda i: (r[i], w[i]))  # by reader: the forward's first reader comes first
+    chunks = [order[i : i + edges_per_run] for i in range(0, len(order), edges_per_run)]
+    batch = batch_size(clean)
+    values = torch.empty(len(w), dtype=torch.float64)
     with HookedRun(model, "circuits") as run, ExitStack() as stack:
         _frozen(model)
         low = record_run(model, graph, corrupted, metric)
         high = record_run(model, graph, clean, metric)
         deltas = high.writers - low.writers
+        sites = [_reader_site(graph, r[chunk[0]]) for chunk in chunks]
         _, plans, replay = stack.enter_context(replaying(model, run.forward, clean, sites, hooked))
-        for i in progress_bar(range(len(edges)), desc="exact edges", enabled=progress):
+        for n, chunk in enumerate(progress_bar(chunks, desc="exact edges", enabled=progress)):
             if replay is not None and plans is not None:
-                replay.use(plans[i])
-            out = torch.zeros(len(graph.writers), len(graph.readers), dtype=torch.bool)
-            out[w[i], r[i]] = True
-            values[i] = patched_run(model, graph, clean, metric, low, out, deltas=deltas) - high.metric
+                replay.use({key: repeat_batch(out, len(chunk), batch) for key, out in plans[n].items()})
+            stacked = repeat_batch(clean, len(chunk), batch)
+            found = edge_runs(model, graph, stacked, metric, deltas, [(w[i], r[i]) for i in chunk], batch)
+            values[chunk] = torch.tensor(found, dtype=torch.float64) - high.metric
     return values
+
+
+def _reader_site(graph: Graph, reader: int) -> tuple[str, Literal["input"]]:
+    """The module whose input a reader reads: its layer's attention norm or MLP norm, or the final norm."""
+    layer, kind = divmod(reader, graph.attention_readers + 1)
+    if layer == len(graph.layers):
+        return graph.final_norm, "input"
+    spec = graph.layers[layer]
+    return (spec.mlp_norm if kind == graph.attention_readers else spec.attn_norm), "input"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 
 import pytest
@@ -17,7 +18,7 @@ from attribution.circuits import (
     faithfulness_curve,
     read_graph,
 )
-from attribution.circuits.plot import node_position
+from attribution.circuits.plot import circuit_layout, node_key
 from tests.attribution.models import tiny_llama
 from tests.support import hook_state
 
@@ -78,18 +79,33 @@ def test_plot_draws_the_circuit(model, tmp_path):
     ax = scores.plot(15)
     ax.figure.savefig(tmp_path / "circuit.png")
     assert (tmp_path / "circuit.png").stat().st_size > 5_000
-    assert len(ax.lines) == 15
+    assert len(ax.patches) == 15
     labels = {t.get_text() for t in ax.texts}
-    assert {w for w, _, _ in scores.edges(15)} <= labels
+    assert labels == {n for w, r, _ in scores.edges(15) for n in (w, r)}  # every node of the circuit, once
+    widths = [p.get_linewidth() for p in ax.patches]
+    assert max(widths) == pytest.approx(4.9) and min(widths) < max(widths)  # width by |score|
+    colours = {p.get_edgecolor()[:3] for p in ax.patches}
+    signs = {s < 0 for *_, s in scores.edges(15)}
+    assert len(colours) == len(signs)  # one colour per sign present
 
 
-def test_node_positions_put_k_and_v_readers_beside_their_group():
-    # 4 heads, 2 groups: group 1 holds heads 2 and 3 (centre 2.5)
-    assert node_position("a0.g1.k", 4, 2, 2, reader=True)[1] == 2.25
-    assert node_position("a0.g1.v", 4, 2, 2, reader=True)[1] == 2.75
-    assert node_position("a1.h3", 4, 2, 2, reader=False) == (3.0, 3.0)
+def test_layout_orders_each_row_by_head_with_k_v_and_q_before_their_heads():
+    # 4 heads, 2 groups: group 1 holds heads 2 and 3
+    names = ["a0.h3", "a0.g1.v", "m0", "a0.h2.q", "a0.g1.k", "a0.h2", "embed", "a2.h0", "logits"]
+    layout = circuit_layout(names, heads=4, groups=2)
+    row = sorted((x, name) for name, (x, y) in layout.items() if y == 1.0)
+    assert [name for _, name in row] == ["a0.g1.k", "a0.g1.v", "a0.h2.q", "a0.h2", "a0.h3", "m0"]
+    xs = [x for x, _ in row]
+    assert min(b - a for a, b in itertools.pairwise(xs)) >= 0.08 - 1e-6  # labels apart
+    assert 0 <= xs[0] and xs[-1] <= 1
+    assert layout["a2.h0"] == (0.2, 2.0)  # layer 1 has no node: its row is left out; head 0 of 4 at 1/5
+    crowded = circuit_layout([f"a0.h{h}" for h in range(30)], heads=30, groups=30)
+    even = [i / 29 for i in range(30)]
+    assert sorted(x for x, _ in crowded.values()) == pytest.approx(even, abs=1e-6)  # too full: evenly spread
+    assert layout["logits"] == (0.5, 3.0) and layout["embed"] == (0.5, 0.0)
+    assert node_key("a1.h3", 4, 2) == (2, 3.0)
     with pytest.raises(ValueError, match="not a node name"):
-        node_position("b1", 4, 2, 2, reader=False)
+        node_key("b1", 4, 2)
 
 
 # -- the graph ----------------------------------------------------------------------------------------------------

@@ -266,3 +266,26 @@ def test_exact_edge_effects_converge_to_the_eap_score():
         errors.append(((exact - eap).abs() / eap.abs()).max().item())
     assert errors[1] < 0.15 * errors[0]
     assert errors[1] < 5e-3
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("build", [llama, tiny_gpt2], ids=["llama-gqa", "gpt2"])
+def test_edges_batched_in_one_forward_equal_one_edge_per_forward(build):
+    """7 edges in forwards of 3 (3 + 3 + 1, readers of every kind, unsorted) give the one-edge-per-forward values."""
+    model = build()
+    scores = edge_attribution(model, CLEAN, CORRUPTED, metric, progress=False)
+    extra = [("embed", "logits"), ("a1.h0", "logits"), ("a0.h2", "m0"), ("a0.h1", "a1.h2.q"), ("m0", "a1.g1.v")]
+    chosen = list(dict.fromkeys([(w, r) for w, r, _ in scores.edges(4)] + extra))[:7]
+    chosen = chosen[::-1]  # the readers out of order: the forwards sort them, the result keeps this order
+    one = exact_edge_effects(model, CLEAN, CORRUPTED, metric, chosen, edges_per_run=1, progress=False)
+    three = exact_edge_effects(model, CLEAN, CORRUPTED, metric, chosen, edges_per_run=3, progress=False)
+    all_in_one = exact_edge_effects(model, CLEAN, CORRUPTED, metric, chosen, edges_per_run=100, progress=False)
+    scale = float(one.abs().max())
+    torch.testing.assert_close(three, one, rtol=0, atol=1e-12 * scale)
+    torch.testing.assert_close(all_in_one, one, rtol=0, atol=1e-12 * scale)
+    assert len(set(one.tolist())) == len(chosen)  # distinct values: a copy read another copy's patch would show
+
+
+def test_edges_per_run_must_be_a_positive_int():
+    with pytest.raises(ValueError, match="`edges_per_run`"):
+        exact_edge_effects(tiny_gpt2(), CLEAN, CORRUPTED, metric, [("embed", "logits")], edges_per_run=0)
