@@ -94,6 +94,12 @@ def main(out: Path, prompts: int = 4, threads: int = 1) -> None:
         atp, relp = pearson(found["gradient"], found["exact"]), pearson(found["relp"], found["exact"])
         paper = PAPER_GPT2_SMALL[family]
         print(f"| {family} | {atp:.3f} | {relp:.3f} | {paper[0]:.3f} | {paper[1]:.3f} |")
+    print("\nthe largest exact cell of each family, and its estimates:")
+    for family, found in results.items():
+        layer, col = divmod(int(found["exact"].abs().argmax()), len(positions))
+        values = " ".join(f"{name} {float(found[key][layer, col]):+.2f}" for key, name in
+                          [("exact", "exact"), ("gradient", "AtP"), ("relp", "RelP")])  # fmt: skip
+        print(f"  {family}: L{layer} at {POSITIONS[positions[col]]}: {values}")
     print(f"\ntimes for the three families: exact patching {times['exact']:.1f} s ({3 * cells} cells), "
           f"AtP {times['gradient']:.1f} s, RelP {times['relp']:.1f} s")  # fmt: skip
 

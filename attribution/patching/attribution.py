@@ -122,7 +122,7 @@ def attribution_patching(
 
     Raises:
         ValueError: bad ``site``, ``direction``, ``ig_steps`` or ``rules``; ``rules="relp"`` on a model without the
-            norms, activations and attention it looks for (:class:`TypeError` without ``get_input_embeddings``);
+            norms, activations and attention it looks for (``TypeError`` without ``get_input_embeddings``);
             ``clean`` and ``corrupted`` of different structure or shapes (before any forward); ``metric`` not a scalar
             (or ``(batch,)`` with ``per_example``) or not differentiable in any site, a layer that never runs,
             ``heads`` that do not divide the activation.
