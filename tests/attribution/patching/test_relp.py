@@ -24,7 +24,8 @@ from attribution import attribution_patching
 transformers = pytest.importorskip("transformers")
 from transformers.models.llama.modeling_llama import apply_rotary_pos_emb  # noqa: E402
 
-Site = tuple[str, int]  # (family, layer): "resid" (block output), "attn", "mlp" (outputs), "heads" (o_proj input)
+Site = tuple[str, int]  # (family, layer): "resid" (block output), "attn", "mlp", "norm" (the MLP's norm) outputs,
+# "heads" (o_proj input). At "norm" the site is the output of a module with a rule: the rule must act before the tap.
 HEADS = 4
 
 
@@ -123,7 +124,7 @@ def _llama_forward(model: nn.Module, ids: torch.Tensor, sites: _Sites, rules: bo
         group = q.shape[1] // k.shape[1]
         z = sites(("heads", i), _attention(q, k.repeat_interleave(group, 1), v.repeat_interleave(group, 1)))
         h = h + sites(("attn", i), attn.o_proj(z))
-        x = _rms(layer.post_attention_layernorm, h, rules)
+        x = sites(("norm", i), _rms(layer.post_attention_layernorm, h, rules))
         product = _act(F.silu, mlp.gate_proj(x), rules) * mlp.up_proj(x)
         if rules:  # the half rule
             product = product / 2 + (product / 2).detach()
@@ -141,7 +142,7 @@ def _gpt2_forward(model: nn.Module, ids: torch.Tensor, sites: _Sites, rules: boo
         q, k, v = (p.view(b, t, HEADS, -1).transpose(1, 2) for p in block.attn.c_attn(x).split(x.shape[-1], -1))
         z = sites(("heads", i), _attention(q, k, v))
         h = h + sites(("attn", i), block.attn.c_proj(z))
-        x = _layer_norm(block.ln_2, h, rules)
+        x = sites(("norm", i), _layer_norm(block.ln_2, h, rules))
         h = h + sites(("mlp", i), block.mlp.c_proj(_act(block.mlp.act, block.mlp.c_fc(x), rules)))
         h = sites(("resid", i), h)
     return model.lm_head(_layer_norm(body.ln_f, h, rules))
@@ -151,11 +152,12 @@ FORWARDS = {"llama": _llama_forward, "gpt2": _gpt2_forward}
 MODELS = {"llama": _llama, "gpt2": _gpt2}
 NAMES = {
     "llama": {"resid": "model.layers.{}", "attn": "model.layers.{}.self_attn", "mlp": "model.layers.{}.mlp",
-              "heads": "model.layers.{}.self_attn.o_proj"},
+              "heads": "model.layers.{}.self_attn.o_proj", "norm": "model.layers.{}.post_attention_layernorm"},
     "gpt2": {"resid": "transformer.h.{}", "attn": "transformer.h.{}.attn", "mlp": "transformer.h.{}.mlp",
-             "heads": "transformer.h.{}.attn.c_proj"},
+             "heads": "transformer.h.{}.attn.c_proj", "norm": "transformer.h.{}.ln_2"},
 }  # fmt: skip
-OPTIONS: dict[str, dict[str, Any]] = {"resid": {}, "attn": {"element": 0}, "mlp": {}, "heads": {"site": "input"}}
+OPTIONS: dict[str, dict[str, Any]] = {"resid": {}, "attn": {"element": 0}, "mlp": {}, "heads": {"site": "input"},
+                                      "norm": {}}  # fmt: skip
 
 
 def _reference(kind: str, model: nn.Module, ids: torch.Tensor, rules: bool, replace: dict | None = None) -> _Sites:
@@ -164,7 +166,7 @@ def _reference(kind: str, model: nn.Module, ids: torch.Tensor, rules: bool, repl
     with torch.enable_grad():
         value = _summed(FORWARDS[kind](model, ids, sites, rules))
         keys = list(sites.leaves)
-        grads = torch.autograd.grad(value, [sites.leaves[k] for k in keys])
+        grads = torch.autograd.grad(value, [sites.leaves[k] for k in keys], allow_unused=True)
     sites.grads = dict(zip(keys, grads, strict=True))  # type: ignore[attr-defined]
     sites.value = value.detach()  # type: ignore[attr-defined]
     return sites
@@ -205,7 +207,7 @@ def test_reference_forward_is_the_model(kind: str) -> None:
 
 
 @pytest.mark.parametrize("kind", list(MODELS))
-@pytest.mark.parametrize("family", ["resid", "attn", "mlp"])
+@pytest.mark.parametrize("family", ["resid", "attn", "mlp", "norm"])
 def test_relp_matches_the_hand_written_rules(kind: str, family: str) -> None:
     got = _estimate(kind, family, "relp")
     torch.testing.assert_close(got, _expected(kind, family, rules=True))
@@ -214,7 +216,7 @@ def test_relp_matches_the_hand_written_rules(kind: str, family: str) -> None:
 
 
 @pytest.mark.parametrize("kind", list(MODELS))
-@pytest.mark.parametrize("family", ["resid", "attn", "mlp"])
+@pytest.mark.parametrize("family", ["resid", "attn", "mlp", "norm"])
 def test_reference_without_rules_is_attribution_patching(kind: str, family: str) -> None:
     torch.testing.assert_close(_estimate(kind, family, "gradient"), _expected(kind, family, rules=False))
 
@@ -314,6 +316,25 @@ def test_bad_rules_value(bad: Any) -> None:
     model, (clean, corrupted) = _llama(), _inputs()
     with pytest.raises(ValueError, match=r"`rules` must be one of \['gradient', 'relp'\]"):
         attribution_patching(model, clean, corrupted, "model.layers.0", _summed, rules=bad, progress=False)
+
+
+def test_relp_refuses_a_model_without_attention() -> None:
+    """A model with an embedding but no attention that the rules know: a ValueError naming what was looked for."""
+
+    class Embedder(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.embed, self.out = nn.Embedding(10, 4), nn.Linear(4, 2)
+
+        def get_input_embeddings(self) -> nn.Module:
+            return self.embed
+
+        def forward(self, ids: torch.Tensor) -> torch.Tensor:
+            return self.out(self.embed(ids))
+
+    ids = torch.tensor([[1, 2, 3]])
+    with pytest.raises(ValueError, match=r"`rules='relp'`.*In Embedder: .*q_proj, k_proj and v_proj"):
+        attribution_patching(Embedder(), ids, ids + 1, ["out"], lambda out: out.sum(), rules="relp", progress=False)
 
 
 def test_relp_refuses_a_model_without_its_sites() -> None:
