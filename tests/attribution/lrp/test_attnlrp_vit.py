@@ -292,3 +292,29 @@ def test_torchvision_cp_lrp_equals_lxt(tmp_path: Path) -> None:
     torch.testing.assert_close(
         got, _reference_torchvision(model, images, target, (0.0, 0.0, 1.0)), rtol=1e-12, atol=1e-14
     )
+
+
+@pytest.mark.parametrize(
+    ("name", "kwargs", "tokens"),
+    [
+        ("vit_tiny_patch16_224", {"class_token": False, "global_pool": "avg", "img_size": (32, 48)}, 6),
+        ("deit_tiny_distilled_patch16_224", {"img_size": (32, 48)}, 2 + 6),  # class and distillation tokens
+    ],
+)
+def test_other_timm_layouts(name: str, kwargs: dict[str, object], tokens: int) -> None:
+    torch.manual_seed(0)
+    model = timm.create_model(
+        name, pretrained=False, patch_size=16, embed_dim=16, depth=1, num_heads=2, num_classes=3, **kwargs
+    ).eval()
+    result = AttnLRP(model).attribute_image(torch.randn(2, 3, 32, 48), target=1)
+    assert result.patches.shape == (2, 2, 3) and result.tokens.shape == (2, tokens, 16)
+    assert bool(torch.isfinite(result.tokens).all()) and result.patches.abs().max() > 0
+
+
+def test_a_gated_timm_mlp_is_refused_by_name() -> None:
+    model = timm.create_model(
+        "vit_small_patch16_224", pretrained=False, img_size=32, embed_dim=16, depth=1, num_heads=2,
+        mlp_layer=timm.layers.SwiGLUPacked, act_layer=nn.SiLU,
+    )  # fmt: skip
+    with pytest.raises(ValueError, match=r"`Mlp` with an `act` module in blocks.0 .* mlp=GluMlp"):
+        AttnLRP(model)
