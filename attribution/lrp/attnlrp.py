@@ -28,6 +28,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from .. import _maps
 from .._run import HookedRun, no_dependence, warn
 from ..targets import Target, check_target, class_indices, class_logits, target_scores
 from ._transformer import Sites, register_rules, sites
@@ -129,7 +130,9 @@ class AttnLRP:
                 f"VisionTransformer (conv_proj, encoder.layers); got {type(model).__name__}, which has none of these"
             )
 
-    def __call__(self, inputs: Any, target: Any = None, position: int = -1, reduce: bool = True) -> torch.Tensor:
+    def __call__(
+        self, inputs: Any, target: Any = None, position: int = -1, reduce: bool = True, *, upsample: bool = False
+    ) -> torch.Tensor:
         """The relevance of each input token for ``target``'s logit: ``(batch, tokens)``, or ``(batch, H', W')``.
 
         Args:
@@ -139,9 +142,12 @@ class AttnLRP:
                 ``logits (batch, vocab) -> (batch,)`` (a ViT: ``output -> (batch,)``, see :mod:`attribution.targets`).
             position: LMs: the position whose logits are explained (default the last).
             reduce: LMs: sum over the hidden size (``False``: ``(batch, tokens, hidden)``).
+            upsample: ViTs: resize the patch map bilinearly to the image size, for display (the resized map's sum is
+                not the patches').
 
         Returns:
-            LMs: ``(batch, tokens)``; ViTs: the patch map ``(batch, H', W')`` (:meth:`attribute_image` for more).
+            LMs: ``(batch, tokens)``; ViTs: the patch map ``(batch, H', W')``, or ``(batch, H, W)`` with
+            ``upsample=True`` (:meth:`attribute_image` for more).
         """
         if self.sites.tokens is not None:
             if position != -1 or not reduce:
@@ -149,7 +155,12 @@ class AttnLRP:
                     "`position` and `reduce` are for language models; for a ViT, attribute_image(...).tokens holds "
                     "each token's relevance per hidden dimension"
                 )
-            return self.attribute_image(inputs, target).patches
+            patches = self.attribute_image(inputs, target).patches
+            return _maps.upsample(patches, tuple(inputs.shape[-2:])) if upsample else patches
+        if upsample:
+            raise ValueError(
+                "`upsample` is for Vision Transformers' patch maps; a language model's relevance is per token"
+            )
         return self.attribute(inputs, target, position, reduce).relevance
 
     def attribute(

@@ -318,3 +318,12 @@ def test_a_gated_timm_mlp_is_refused_by_name() -> None:
     )  # fmt: skip
     with pytest.raises(ValueError, match=r"`Mlp` with an `act` module in blocks.0 .* mlp=GluMlp"):
         AttnLRP(model)
+
+
+def test_upsample_resizes_the_patch_map_to_the_image() -> None:
+    model, images = _timm(), _images()
+    lrp = AttnLRP(model)
+    patches, pixels = lrp(images, target=1), lrp(images, target=1, upsample=True)
+    assert pixels.shape == (2, 32, 48)
+    expected = F.interpolate(patches[:, None], size=(32, 48), mode="bilinear", align_corners=False)[:, 0]
+    torch.testing.assert_close(pixels, expected)
