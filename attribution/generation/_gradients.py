@@ -49,6 +49,23 @@ def hidden_gradients(
         return torch.autograd.grad(picked.sum(), x)[0]
 
 
+def logit_gradients(unembedding: nn.Module, hidden: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+    """``(k, N, d)`` the gradient of ``unembedding(h)[token]`` at each ``h`` of ``hidden`` ``(k, N, d)``.
+
+    Example:
+        >>> head = nn.Linear(4, 6)
+        >>> bool(torch.equal(logit_gradients(head, torch.randn(1, 2, 4), torch.tensor([5, 1]))[0], head.weight[[5, 1]]))
+        True
+    """
+    h = hidden.detach()
+    if isinstance(unembedding, nn.Linear):
+        return unembedding.weight.detach()[tokens].to(h.dtype).expand(len(h), -1, -1)
+    with torch.enable_grad():
+        x = h.requires_grad_(True)
+        picked = unembedding(x).gather(-1, tokens.expand(len(x), -1)[..., None])
+        return torch.autograd.grad(picked.sum(), x)[0]
+
+
 class TeacherForced:
     """Guarded forwards of token ids whose embedding output (or a function of it) is the graph's leaf.
 

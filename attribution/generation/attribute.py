@@ -3,7 +3,10 @@
 For generated token ``i`` the target is its log-probability at position ``P - 1 + i`` of the teacher-forced
 ``prompt + generated``, as in captum's ``LLMGradientAttribution``; the attribution is to the output of
 ``model.get_input_embeddings()``, summed over the hidden size. One teacher-forced forward serves every target, and
-``target_batch`` targets share one backward pass (see :mod:`attribution.generation._gradients`).
+``target_batch`` targets share one backward pass (see :mod:`attribution.generation._gradients`). With
+``method="attnlrp"`` the backward passes carry AttnLRP's rules (:class:`attribution.AttnLRP`, put on the same run by
+``attribution.lrp._transformer.register_rules``) and the target is the generated token's logit, LRP's conserved
+quantity, as :class:`attribution.AttnLRP` explains it.
 """
 
 from __future__ import annotations
@@ -16,11 +19,12 @@ from torch import nn
 
 from .._run import kept_state
 from ..lens._inputs import token_ids
-from ._gradients import TeacherForced, batched_backward, hidden_gradients
+from ..lrp._transformer import register_rules, sites
+from ._gradients import TeacherForced, batched_backward, hidden_gradients, logit_gradients
 from .result import GenerationAttribution
 
-Method = Literal["saliency", "input_x_gradient", "integrated_gradients"]
-METHODS = ("saliency", "input_x_gradient", "integrated_gradients")
+Method = Literal["saliency", "input_x_gradient", "integrated_gradients", "attnlrp"]
+METHODS = ("saliency", "input_x_gradient", "integrated_gradients", "attnlrp")
 
 
 def attribute_generation(
@@ -45,7 +49,10 @@ def attribute_generation(
         max_new_tokens: how many tokens to generate when ``generated`` is not given.
         method: ``"saliency"`` (the signed gradient), ``"input_x_gradient"`` (gradient x embedding) or
             ``"integrated_gradients"`` (Gauss-Legendre, ``steps`` points, from the embedding of ``baseline_token`` at
-            the prompt's positions; the generated tokens are held at their embeddings, so their columns are 0).
+            the prompt's positions; the generated tokens are held at their embeddings, so their columns are 0), or
+            ``"attnlrp"`` (AttnLRP's relevance of each token for the generated token's logit: the same numbers as
+            ``AttnLRP(model)(prompt + generated[:i], target=generated[i])`` step by step; Llama, Qwen2, Mistral and
+            GPT-2 layouts).
         target_batch: how many targets share one backward pass (and the largest forward batch); the results do not
             depend on it, the memory does.
         steps: integration points of ``"integrated_gradients"``.
@@ -56,7 +63,7 @@ def attribute_generation(
         A :class:`GenerationAttribution`: ``.scores`` ``(N, P + N)``, row ``i`` zero from column ``P + i`` on.
         ``scores[:, :P]`` equals captum's ``LLMGradientAttribution(...).attribute(...).token_attr`` with
         ``LayerGradientXActivation`` (``multiply_by_inputs=False`` for saliency) or ``LayerIntegratedGradients`` on
-        the embedding layer.
+        the embedding layer. For ``"attnlrp"`` row ``i`` sums to about generated token ``i``'s logit.
 
     Raises:
         ValueError: ids outside the vocabulary, an empty continuation, both or neither of ``generated`` and
@@ -178,17 +185,22 @@ def _one(
         with kept_state(model), torch.no_grad():
             ends = embedding(base_ids), embedding(ids)
     with TeacherForced(model, embedding, unembedding) as run:
+        if method == "attnlrp":
+            register_rules(run.run.group, sites(model))
         if ends is not None:
             out = _integrated(run, ids, *ends, generated, positions, target_batch, steps, softcap)
         else:
             x, leaf, hidden = run.forward(ids)
-            grads = hidden_gradients(unembedding, hidden[:, positions], generated, softcap)  # (1, N, d)
+            if method == "attnlrp":
+                grads = logit_gradients(unembedding, hidden[:, positions], generated)
+            else:
+                grads = hidden_gradients(unembedding, hidden[:, positions], generated, softcap)  # (1, N, d)
             out = torch.cat([
                 batched_backward(hidden, leaf, grads[:, rows].transpose(0, 1), positions[rows],
                                  retain=rows.stop < N)[:, 0]
                 for rows in _groups(N, target_batch)
             ])  # fmt: skip
-            if method == "input_x_gradient":
+            if method in ("input_x_gradient", "attnlrp"):
                 out = out * x.detach()
     mask = torch.arange(P + N, device=out.device)[None, :] < (P + torch.arange(N, device=out.device))[:, None]
     return (out * mask[..., None]).detach()

@@ -9,7 +9,7 @@ Example:
     torch.Size([2, 3, 8, 8])
 """
 
-from .attnlrp import AttnLRP, TokenRelevance
+from .attnlrp import AttnLRP, PatchRelevance, TokenRelevance
 from .composites import Composite, EpsilonAlpha2Beta1, EpsilonGammaBox, EpsilonPlus, EpsilonPlusFlat
 from .lrp import LRP
 from .rules import AlphaBeta, Epsilon, Flat, Gamma, Pass, Rule, WSquare, ZBox, ZPlus
@@ -27,6 +27,7 @@ __all__ = [
     "Flat",
     "Gamma",
     "Pass",
+    "PatchRelevance",
     "Rule",
     "TokenRelevance",
     "WSquare",

@@ -15,7 +15,7 @@ keeps the module's output value and changes only the gradient flowing back throu
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -23,7 +23,17 @@ from torch import nn
 
 from hooks import HookGroup
 
-__all__ = ["Replace", "Scale", "Sites", "identity_rule", "layer_norm_rule", "register_rules", "rms_norm_rule", "sites"]
+__all__ = [
+    "Replace",
+    "Scale",
+    "Sites",
+    "identity_rule",
+    "layer_norm_rule",
+    "register_rules",
+    "rms_norm_rule",
+    "scaled_attention_inputs",
+    "sites",
+]
 
 IDENTITY_EPSILON = 1e-10
 """Added to the input of an activation in the identity rule's ``act(x) / (x + eps)`` (as LXT)."""
@@ -114,6 +124,10 @@ class Sites:
     activations: list[str]
     rms_norms: list[str]
     layer_norms: list[str]
+    attention_inputs: dict[str, tuple[float, float, float]] = field(default_factory=dict)
+    """``nn.MultiheadAttention`` modules -> factors on the gradients of their query, key and value inputs."""
+    tokens: str | None = None
+    """ViTs: the module whose first input is the token sequence (class token and position embedding added)."""
 
 
 def _is_rms_norm(module: nn.Module) -> bool:
@@ -174,6 +188,11 @@ def register_rules(group: HookGroup, where: Sites) -> None:
             factor = factor.to(output.dtype)
         return Scale.apply(output, factor)
 
+    def split_attention(
+        module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], *, name: str
+    ) -> tuple[tuple[Any, ...], dict[str, Any]]:
+        return scaled_attention_inputs(args, kwargs, where.attention_inputs[name])
+
     def halve_input(module: nn.Module, args: tuple[Any, ...]) -> tuple[Any, ...]:
         return (Scale.apply(args[0], 0.5), *args[1:])
 
@@ -192,7 +211,10 @@ def register_rules(group: HookGroup, where: Sites) -> None:
         step = layer_norm_rule(args[0].detach(), weight, float(module.eps))
         return Replace.apply(args[0], [output.detach(), step])
 
-    group.forward(list(where.scaled), scale)
+    if where.scaled:
+        group.forward(list(where.scaled), scale)
+    if where.attention_inputs:
+        group.forward_pre(list(where.attention_inputs), split_attention, with_kwargs=True)
     if where.halved_inputs:
         group.forward_pre(where.halved_inputs, halve_input)
     if where.activations:
@@ -201,3 +223,24 @@ def register_rules(group: HookGroup, where: Sites) -> None:
         group.forward(where.rms_norms, rms)
     if where.layer_norms:
         group.forward(where.layer_norms, layer_norm)
+
+
+def scaled_attention_inputs(
+    args: tuple[Any, ...], kwargs: dict[str, Any], factors: tuple[float, float, float]
+) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    """``nn.MultiheadAttention``'s ``query``, ``key``, ``value`` as three views whose gradients are scaled apart.
+
+    Three distinct tensors make the attention project them separately (``in_proj_weight`` in three chunks, no fused
+    fast path): the output equals the fused self-attention's up to rounding (``allclose``, not always bitwise).
+
+    Example:
+        >>> x = torch.ones(1, 2, 4, requires_grad=True)
+        >>> args, _ = scaled_attention_inputs((x, x, x), {}, (0.25, 0.25, 0.5))
+        >>> torch.autograd.grad(sum(a.sum() for a in args), x)[0][0, 0]
+        tensor([1., 1., 1., 1.])
+    """
+    keys = ("query", "key", "value")
+    args, kwargs = tuple(args), dict(kwargs)
+    values = [args[i] if i < len(args) else kwargs.pop(keys[i]) for i in range(3)]
+    scaled = tuple(Scale.apply(v, f) for v, f in zip(values, factors, strict=True))
+    return (*scaled, *args[3:]), kwargs

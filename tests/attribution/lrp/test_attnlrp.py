@@ -169,3 +169,8 @@ def test_bad_inputs_are_refused() -> None:
         AttnLRP(model)(_ids(), target=40)
     with pytest.raises(TypeError, match="get_input_embeddings"):
         AttnLRP(nn.Linear(2, 2))
+
+
+def test_upsample_is_for_vits() -> None:
+    with pytest.raises(ValueError, match="`upsample` is for Vision Transformers"):
+        AttnLRP(_gpt2())(_ids(), upsample=True)
