@@ -20,12 +20,11 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any, Literal, get_args
 
-import torch
 from torch import nn
 
 from hooks import HookGroup
 
-from ..lrp._transformer import Replace, Scale, Sites, identity_rule, layer_norm_rule, rms_norm_rule, sites
+from ..lrp._transformer import Sites, register_rules, sites
 
 Rules = Literal["gradient", "relp"]
 """``"gradient"``: attribution patching's plain backward; ``"relp"``: RelP's rules."""
@@ -54,33 +53,13 @@ def relp_sites(model: nn.Module, rules: Any) -> Sites | None:
             f"the gated MLP's down_proj, found beside an attention with q_proj/k_proj/v_proj (or GPT-2's c_attn), "
             f"from get_input_embeddings(). In {type(model).__name__}: {exc}"
         ) from None
-    return replace(found, scaled={})  # no uniform rule on q, k, v: RelP leaves attention to its gradient
+    return replace(found, scaled={}, attention_inputs={})  # RelP leaves attention to its gradient
 
 
 def register_relp(group: HookGroup, where: Sites) -> None:
-    """Put RelP's rules on ``group`` as forward hooks on ``where``'s modules (register them before any tap)."""
+    """Put RelP's rules on ``group`` as forward hooks on ``where``'s modules (register them before any tap).
 
-    def halve_input(module: nn.Module, args: tuple[Any, ...]) -> tuple[Any, ...]:
-        return (Scale.apply(args[0], 0.5), *args[1:])
-
-    def identity(module: nn.Module, args: tuple[Any, ...], output: torch.Tensor) -> torch.Tensor:
-        return Replace.apply(args[0], [output.detach(), identity_rule(args[0].detach(), output.detach())])
-
-    def rms(module: nn.Module, args: tuple[Any, ...], output: torch.Tensor) -> torch.Tensor:
-        eps = float(getattr(module, "variance_epsilon", getattr(module, "eps", 1e-6)))
-        weight = getattr(module, "weight", None)
-        assert isinstance(weight, torch.Tensor)
-        return Replace.apply(args[0], [output.detach(), rms_norm_rule(args[0].detach(), weight.detach(), eps)])
-
-    def layer_norm(module: nn.LayerNorm, args: tuple[Any, ...], output: torch.Tensor) -> torch.Tensor:
-        weight = module.weight.detach() if module.weight is not None else None
-        return Replace.apply(args[0], [output.detach(), layer_norm_rule(args[0].detach(), weight, float(module.eps))])
-
-    for names, kind, fn in (
-        (where.halved_inputs, "forward_pre", halve_input),
-        (where.activations, "forward", identity),
-        (where.rms_norms, "forward", rms),
-        (where.layer_norms, "forward", layer_norm),
-    ):
-        if names:
-            (group.forward_pre if kind == "forward_pre" else group.forward)(names, fn)
+    These are AttnLRP's hooks (:func:`attribution.lrp._transformer.register_rules`) on the sites
+    :func:`relp_sites` keeps: nothing on the attention.
+    """
+    register_rules(group, where)
