@@ -34,6 +34,7 @@ def relp_sites(model: nn.Module, rules: Any) -> Sites | None:
     """Where RelP's rules go in ``model`` (``None`` for ``rules="gradient"``); raises on a bad value or model.
 
     Example:
+        >>> import torch
         >>> relp_sites(torch.nn.Linear(2, 2), "gradient") is None
         True
     """
