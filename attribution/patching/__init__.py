@@ -14,10 +14,10 @@ sender's effect through chosen receivers only). Each returns a :class:`PatchingR
 ``labels`` (module names, positions, heads, examples) the plots read.
 """
 
+from ._sweep import Cells
 from .activation import activation_patching
 from .attribution import attribution_patching
 from .path import path_patching
-from ._sweep import Cells
 from .result import PatchingResult
 from .sites import Patch, Recorded, patch, record, replace
 

@@ -15,9 +15,8 @@ from typing import Any
 import einops
 import torch
 from torch import nn
-from torch.utils import _pytree as pytree
 
-from hooks import ModuleTarget, resolve
+from hooks import ModuleTarget, flatten, map_tensors, resolve
 
 from .._inputs import batch_size, batched
 from .._lm import check_heads
@@ -119,8 +118,8 @@ def plain(inputs: Any, model: nn.Module) -> Any:
 
 def check_same_shapes(first: Any, second: Any, what: tuple[str, str] = ("`clean`", "`corrupted`")) -> None:
     """Raise unless the two inputs have the same structure and tensor shapes; ``what`` names them."""
-    a, spec_a = pytree.tree_flatten(first)
-    b, spec_b = pytree.tree_flatten(second)
+    a, spec_a = flatten(first)
+    b, spec_b = flatten(second)
     one, two = what
     if spec_a != spec_b:
         raise ValueError(f"{one} and {two} must have the same structure; got {spec_a} and {spec_b}")
@@ -144,7 +143,7 @@ def repeat_batch(inputs: Any, times: int, batch: int) -> Any:
             return x.repeat(times, *[1] * (x.dim() - 1))
         return x
 
-    return pytree.tree_map(stack, inputs)
+    return map_tensors(stack, inputs)
 
 
 def take_rows(output: Any, rows: slice, stacked: int) -> Any:
@@ -153,7 +152,7 @@ def take_rows(output: Any, rows: slice, stacked: int) -> Any:
     def take(x: Any) -> Any:
         return x[rows] if isinstance(x, torch.Tensor) and x.dim() > 0 and x.shape[0] == stacked else x
 
-    return pytree.tree_map(take, output)
+    return map_tensors(take, output)
 
 
 def checked_metric(metric: Callable[[Any], torch.Tensor], output: Any, per_example: bool, batch: int) -> torch.Tensor:
