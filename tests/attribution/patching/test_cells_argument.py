@@ -4,25 +4,18 @@ from __future__ import annotations
 
 import pytest
 import torch
-from torch import nn
 
 from attribution import activation_patching, attribution_patching, path_patching
 from attribution.patching import Cells
+from tests.attribution.models import last_position_per_item, last_position_sum, sweep_setting
 
-
-def metric(out: torch.Tensor) -> torch.Tensor:
-    return out[:, -1].sum()
-
-
-def per_item(out: torch.Tensor) -> torch.Tensor:
-    return out[:, -1].sum(-1)
+metric, per_item = last_position_sum, last_position_per_item
 
 
 @pytest.fixture
 def setting():
-    torch.manual_seed(0)
-    model = nn.Sequential(nn.Linear(6, 6), nn.Tanh(), nn.Linear(6, 6)).double()
-    return model, torch.randn(3, 4, 6, dtype=torch.float64), torch.randn(3, 4, 6, dtype=torch.float64)
+    """Three 6-wide sites, 4 positions, 3 examples: every axis a different size."""
+    return sweep_setting()
 
 
 def sweeps():
