@@ -8,7 +8,8 @@ from typing import Any
 
 import torch
 from torch import nn
-from torch.utils import _pytree as pytree
+
+from hooks import flatten
 
 _FORMS = (
     "a tensor (model(x)), a tuple of positional inputs (model(*x)), a dict or any Mapping such as a HuggingFace "
@@ -37,7 +38,7 @@ def call(model: nn.Module, inputs: Any) -> Any:
 
 
 def _leaves(inputs: Any) -> list[Any]:
-    return pytree.tree_leaves(dict(inputs) if isinstance(inputs, Mapping) else inputs)
+    return flatten(dict(inputs) if isinstance(inputs, Mapping) else inputs)[0]
 
 
 def batch_size(inputs: Any) -> int:

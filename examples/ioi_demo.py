@@ -145,7 +145,7 @@ def main(out: Path, threads: int = 1) -> None:
     senders = [f"model.layers.{layer}.self_attn.o_proj" for layer in layers]
     cells = [(layers.index(layer), head) for layer, head in strongest]
     path_grid = path_patching(model, corrupted, clean, senders, "model.norm", metric, freeze=heads_site, site="input",
-                              heads=HEADS, positions=False, receiver_positions=[end], cells=cells, normalize=True,
+                              heads=HEADS, positions=False, receiver_positions=[end], only=cells, normalize=True,
                               progress=False)  # fmt: skip
     path = torch.stack([path_grid[cell] for cell in cells])
     total = torch.stack(

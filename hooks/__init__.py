@@ -18,6 +18,7 @@ from ._handle import HookHandle
 from ._registered import global_hooks_registered, hooked_modules
 from ._resolve import ModuleTarget, module_names, resolve
 from ._runs import in_backward
+from ._tree import flatten, map_tensors, tensors
 from .manager import HookGroup, HookManager
 from .recorder import Record, Recorder, Recording
 from .trace import ModuleCall, Trace, trace
@@ -34,10 +35,13 @@ __all__ = [
     "Recorder",
     "Recording",
     "Trace",
+    "flatten",
     "global_hooks_registered",
     "hooked_modules",
     "in_backward",
+    "map_tensors",
     "module_names",
     "resolve",
+    "tensors",
     "trace",
 ]

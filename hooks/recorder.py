@@ -12,6 +12,7 @@ import inspect
 import itertools
 import json
 import threading
+import warnings
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -164,6 +165,22 @@ class Recording(Mapping[tuple[str, int], Record]):
         return f"<{type(self).__name__} of {len(self)} record(s): {self.names}>"
 
 
+def _one_target(target: ModuleTarget | None, targets: ModuleTarget | None) -> ModuleTarget:
+    """The modules of a :class:`Recorder`: ``target``, or the deprecated ``targets=`` (warned); exactly one of them."""
+    if targets is None:
+        if target is None:
+            raise TypeError("Recorder needs `target`: the modules to record (names, globs, modules or types)")
+        return target
+    if target is not None:
+        raise TypeError("give the modules once, as `target` (`targets` is its deprecated name)")
+    warnings.warn(
+        "Recorder's `targets=` is deprecated: pass `target=` (or the modules positionally)",
+        DeprecationWarning,
+        stacklevel=3,
+    )
+    return targets
+
+
 class Recorder(Recording):
     """Record inputs, outputs and gradients of chosen modules while it is open.
 
@@ -172,7 +189,9 @@ class Recorder(Recording):
 
     Args:
         model: the model.
-        targets: module names, globs, modules or types (see :class:`HookManager`).
+        target: the modules: names, globs, modules or types, or a list of them (a :data:`ModuleTarget`, as for
+            :meth:`HookGroup.forward`).
+        targets: the earlier name of ``target``; still accepted, with a ``DeprecationWarning``.
         capture: any of ``"input"``, ``"output"``, ``"grad_input"``, ``"grad_output"``.
         reduction: how a new sample combines with what is stored: ``"last"`` (keep the latest), ``"list"``
             (keep all, in order), ``"sum"``, ``"mean"`` (running mean), ``"max"``, ``"min"`` (elementwise), or a
@@ -199,8 +218,9 @@ class Recorder(Recording):
     def __init__(
         self,
         model: nn.Module,
-        targets: ModuleTarget,
+        target: ModuleTarget | None = None,
         *,
+        targets: ModuleTarget | None = None,
         capture: Iterable[str] = ("output",),
         reduction: Reduction = "last",
         condition: Callable[[], bool] | None = None,
@@ -209,6 +229,7 @@ class Recorder(Recording):
         threads: Threads | None = None,
     ) -> None:
         super().__init__()
+        target = _one_target(target, targets)
         capture = (capture,) if isinstance(capture, str) else tuple(capture)
         unknown = [c for c in capture if c not in FIELDS]
         if unknown or not capture:
@@ -231,11 +252,11 @@ class Recorder(Recording):
         self.group = self.manager.group(f"recorder-{next(self._ids)}", threads=threads)
         try:
             if "input" in capture:
-                self.group.forward_pre(targets, self._on_pre, with_kwargs=True)
+                self.group.forward_pre(target, self._on_pre, with_kwargs=True)
             if "output" in capture or "input" in capture:
-                self.group.forward(targets, self._on_forward)
+                self.group.forward(target, self._on_forward)
             if "grad_input" in capture or "grad_output" in capture:
-                self.group.backward(targets, self._on_backward)
+                self.group.backward(target, self._on_backward)
         except BaseException:
             self.remove()
             raise

@@ -20,7 +20,26 @@ from ..targets import Target, check_target, target_scores
 from . import _math as cm
 
 Reshape = str | Callable[[torch.Tensor], torch.Tensor] | None
+Layers = str | nn.Module | Sequence[str | nn.Module]
 _DEGENERATE = 1e-3  # a map below this fraction of its largest weight x activation term shows only rounding
+
+
+def _layer_names(model: nn.Module, layers: Layers | None, layer: Layers | None) -> list[str]:
+    """The CAM's layers: ``layers`` (one or more), or ``layer=`` (one; several still work, with a deprecation)."""
+    if (layers is None) == (layer is None):
+        raise TypeError(
+            "give the modules once: `layers` (one or more: a name, glob, module or list) or `layer=` (exactly one)"
+            + ("; got both" if layers is not None else "; got neither")
+        )
+    chosen = layers if layers is not None else layer
+    names = [name for name, _ in resolve(model, chosen, what="`layer`")]  # type: ignore[arg-type]
+    if layer is not None and len(names) > 1:
+        warn(
+            f"`layer=` names one module; for several ({len(names)} here) pass `layers=`: `layer=` with several "
+            "modules is deprecated",
+            DeprecationWarning,
+        )
+    return names
 
 
 class CAM:
@@ -31,15 +50,16 @@ class CAM:
     def __init__(
         self,
         model: nn.Module,
-        layer: str | nn.Module | Sequence[str | nn.Module],
+        layers: Layers | None = None,
         *,
+        layer: Layers | None = None,
         reshape: Reshape = None,
         call: int | None = None,
     ) -> None:
         if not isinstance(model, nn.Module):
             raise TypeError(f"`model` must be a torch.nn.Module; got {type(model).__name__}")
         self.model = eager_module(model)  # torch.compile(model): its module, run eagerly (hooks need that)
-        self.layers = [name for name, _ in resolve(self.model, layer, what="`layer`")]
+        self.layers = _layer_names(self.model, layers, layer)
         self.reshape = reshape
         self.call = call
         self.prefix_tokens = getattr(self.model, "num_prefix_tokens", None)  # timm ViTs: tokens before the grid

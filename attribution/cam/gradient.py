@@ -16,7 +16,10 @@ class GradCAM(CAM):
 
     Args:
         model: the network.
-        layer: the layer(s) whose output is explained: a name, glob, module, or list (see the module docs).
+        layers: the layer(s) whose output is explained: a name, glob, module, or list (see the module docs); with
+            several, the maps are fused.
+        layer: exactly one layer, by keyword (``layer="layer4"``); several with ``layer=`` still work but are
+            deprecated (a ``DeprecationWarning`` names ``layers``).
         reshape: for token layers whose grid is not found automatically: an einops pattern to
             ``(batch, channels, h, w)`` (``"b h w c -> b c h w"`` for Swin) or a callable.
         call: which call to use when the layer runs several times in one forward (default: the last).

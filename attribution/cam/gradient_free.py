@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -13,7 +12,7 @@ from .._progress import progress as progress_bar
 from .._run import kept_state
 from ..targets import Target, class_indices, class_logits
 from . import _math as cm
-from ._base import CAM, Reshape
+from ._base import CAM, Layers, Reshape
 
 
 class EigenCAM(CAM):
@@ -44,7 +43,8 @@ class ScoreCAM(CAM):
 
     Args:
         model: the network.
-        layer: the layer(s), as for :class:`GradCAM`.
+        layers: the layer(s), as for :class:`GradCAM`.
+        layer: exactly one layer by keyword, as for :class:`GradCAM`.
         batch_size: masked inputs per forward.
         progress: show a tqdm progress bar.
         reshape: as for :class:`GradCAM`.
@@ -56,14 +56,15 @@ class ScoreCAM(CAM):
     def __init__(
         self,
         model: nn.Module,
-        layer: str | nn.Module | Sequence[str | nn.Module],
+        layers: Layers | None = None,
         *,
+        layer: Layers | None = None,
         batch_size: int = 32,
         progress: bool = True,
         reshape: Reshape = None,
         call: int | None = None,
     ) -> None:
-        super().__init__(model, layer, reshape=reshape, call=call)
+        super().__init__(model, layers, layer=layer, reshape=reshape, call=call)
         if batch_size < 1:
             raise ValueError(f"`batch_size` must be at least 1; got {batch_size}")
         self.batch_size = batch_size

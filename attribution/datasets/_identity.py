@@ -18,7 +18,8 @@ from typing import Any
 import numpy as np
 import torch
 from torch import nn
-from torch.utils import _pytree as pytree
+
+from hooks import flatten
 
 UNREADABLE = "<unreadable"
 _DEPTH = 4  # how deep callables and containers are followed
@@ -139,7 +140,7 @@ def _instance(obj: Any, depth: int) -> str:
 
 def item_digests(batch: Any, items: int) -> list[str]:
     """One digest per item of a collated batch: every tensor's row of that item, every other leaf as text."""
-    leaves = pytree.tree_leaves(batch)
+    leaves = flatten(batch)[0]
     hashes = [hashlib.sha256() for _ in range(items)]
     for leaf in leaves:
         if isinstance(leaf, torch.Tensor) and leaf.dim() > 0 and leaf.shape[0] == items:

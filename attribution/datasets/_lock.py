@@ -27,7 +27,12 @@ except ImportError:  # Windows: no advisory locks here; runs are not guarded
 
 
 class InUseError(RuntimeError):
-    """Another process is writing to the output directory."""
+    """Another process is writing to the output directory (:func:`attribute_dataset`'s ``out``).
+
+    The runner holds an advisory lock (``fcntl.flock``) on a file in ``out`` while it writes; a second writer gets
+    this error, naming the folder and the process that holds it, instead of mixing or losing results. The kernel
+    releases the lock when the holder exits, however it ends. Catch it to wait and retry, or write elsewhere.
+    """
 
 
 @contextmanager

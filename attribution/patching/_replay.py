@@ -30,9 +30,8 @@ from typing import Any, Literal
 
 import torch
 from torch import nn
-from torch.utils import _pytree as pytree
 
-from hooks import HookManager, global_hooks_registered
+from hooks import HookManager, flatten, global_hooks_registered, map_tensors, tensors
 
 from .._run import warn
 
@@ -63,11 +62,11 @@ def _rng_state() -> list[torch.Tensor]:
 
 
 def _storages(value: Any) -> set[int]:
-    return {t.untyped_storage().data_ptr() for t in pytree.tree_leaves(value) if isinstance(t, torch.Tensor)}
+    return {t.untyped_storage().data_ptr() for t in tensors(value)}
 
 
 def _copy(value: Any) -> Any:
-    return pytree.tree_map(lambda t: t.clone() if isinstance(t, torch.Tensor) else t, value)
+    return map_tensors(torch.Tensor.clone, value)
 
 
 class CallLog:
@@ -98,11 +97,11 @@ class CallLog:
                 return
             entry = stack.pop()
             entry.end = next(clock)
-            leaves = pytree.tree_leaves(output)
-            tensors = [t for t in leaves if isinstance(t, torch.Tensor)]
+            leaves = flatten(output)[0]
+            found = [t for t in leaves if isinstance(t, torch.Tensor)]
             plain = all(isinstance(x, (torch.Tensor, *_PLAIN)) for x in leaves)
-            shared = {t.untyped_storage().data_ptr() for t in tensors} & (entry.inputs | state)
-            if plain and not shared and all(type(t) is torch.Tensor for t in tensors):
+            shared = {t.untyped_storage().data_ptr() for t in found} & (entry.inputs | state)
+            if plain and not shared and all(type(t) is torch.Tensor for t in found):
                 entry.replayable = True
                 entry.output = _copy(output)  # later in-place changes must not reach the copy
 
@@ -228,8 +227,8 @@ class Replay:
 
 def same_output(a: Any, b: Any) -> bool:
     """Whether two model outputs have the same structure and equal tensors (``nan`` where the other has ``nan``)."""
-    leaves_a, spec_a = pytree.tree_flatten(a)
-    leaves_b, spec_b = pytree.tree_flatten(b)
+    leaves_a, spec_a = flatten(a)
+    leaves_b, spec_b = flatten(b)
     if spec_a != spec_b:
         return False
     pairs = list(zip(leaves_a, leaves_b, strict=True))

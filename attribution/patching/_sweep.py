@@ -15,13 +15,13 @@ from typing import Any
 import einops
 import torch
 from torch import nn
-from torch.utils import _pytree as pytree
 
-from hooks import ModuleTarget, resolve
+from hooks import ModuleTarget, flatten, map_tensors, resolve
 
 from .._inputs import batch_size, batched
 from .._lm import check_heads
 from .._run import Element, HookedRun, did_not_run, eager_module
+from .result import PatchingResult, labelled
 from .sites import Index, Recorded, Site, record
 
 DEFAULT_HEAD_PATTERN = "b t (h d) -> b t h d"
@@ -118,8 +118,8 @@ def plain(inputs: Any, model: nn.Module) -> Any:
 
 def check_same_shapes(first: Any, second: Any, what: tuple[str, str] = ("`clean`", "`corrupted`")) -> None:
     """Raise unless the two inputs have the same structure and tensor shapes; ``what`` names them."""
-    a, spec_a = pytree.tree_flatten(first)
-    b, spec_b = pytree.tree_flatten(second)
+    a, spec_a = flatten(first)
+    b, spec_b = flatten(second)
     one, two = what
     if spec_a != spec_b:
         raise ValueError(f"{one} and {two} must have the same structure; got {spec_a} and {spec_b}")
@@ -143,7 +143,7 @@ def repeat_batch(inputs: Any, times: int, batch: int) -> Any:
             return x.repeat(times, *[1] * (x.dim() - 1))
         return x
 
-    return pytree.tree_map(stack, inputs)
+    return map_tensors(stack, inputs)
 
 
 def take_rows(output: Any, rows: slice, stacked: int) -> Any:
@@ -152,7 +152,7 @@ def take_rows(output: Any, rows: slice, stacked: int) -> Any:
     def take(x: Any) -> Any:
         return x[rows] if isinstance(x, torch.Tensor) and x.dim() > 0 and x.shape[0] == stacked else x
 
-    return pytree.tree_map(take, output)
+    return map_tensors(take, output)
 
 
 def checked_metric(metric: Callable[[Any], torch.Tensor], output: Any, per_example: bool, batch: int) -> torch.Tensor:
@@ -206,12 +206,29 @@ def cell_sums(
 class Cells:
     """How a sweep cuts each layer's activation into cells, and whether it keeps one value per example.
 
+    The parameters every sweep shares (:func:`attribution.activation_patching`,
+    :func:`attribution.attribution_patching`, :func:`attribution.path_patching`), documented here once. A sweep takes
+    them as ``cells=Cells(...)`` or as its keywords of the same names (``positions=``, ``heads=``...), not both.
+    A cell is one layer and, with ``positions``, one position, and with ``heads``, one head; the result has the axes
+    ``(layer, [position], [head], [example])``.
+
     Attributes:
-        positions: ``True``: one cell per position (axis 1, or the ``t`` axis of ``head_pattern``); a sequence:
-            those positions; ``False``: all positions at once.
-        heads: number of heads: one cell per head, the activation viewed through ``head_pattern``.
-        head_pattern: einops pattern splitting the last axis into heads, with ``h`` the head axis.
-        per_example: keep one value per batch item (a trailing batch axis).
+        positions: ``True``: one cell per position (axis 1 of the activation, or the ``t`` axis of
+            ``head_pattern``; tokens for ``(batch, tokens, d)``); a sequence: those positions (negative ones count
+            from the end); ``False``: all positions at once.
+        heads: number of heads: one cell per head, the activation viewed through ``head_pattern`` with ``h=heads``.
+        head_pattern: einops pattern whose right side names plain axes ``b`` (batch), ``h`` (heads) and, when
+            positions are swept, ``t``; the default splits the last axis.
+        per_example: keep one value per batch item (a trailing batch axis); ``metric`` then returns ``(batch,)``.
+
+    Example:
+        >>> from attribution import activation_patching
+        >>> _ = torch.manual_seed(0)
+        >>> model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Tanh(), torch.nn.Linear(4, 1))
+        >>> x, y = torch.randn(2, 3, 4), torch.randn(2, 3, 4)
+        >>> by_head = Cells(positions=[-1], heads=2)
+        >>> activation_patching(model, x, y, ["0", "1"], lambda out: out.sum(), cells=by_head, progress=False).shape
+        torch.Size([2, 1, 2])
     """
 
     positions: bool | Sequence[int] = True
@@ -260,6 +277,27 @@ class Cells:
     def shaped(self, values: torch.Tensor, shape: tuple[int, ...], batch: int) -> torch.Tensor:
         """Flat cell values as the result: ``shape`` plus a trailing batch axis per example."""
         return values.reshape(*shape, *((batch,) if self.per_example else ()))
+
+    def labelled(self, result: torch.Tensor, names: list[str], first: str = "layer") -> PatchingResult:
+        """The final result with its axes named and labelled: ``first`` (module names), position, head, example."""
+        return labelled(result, (first, names), self.positions, self.heads, self.per_example)
+
+
+def chosen_cells(
+    cells: Cells | None, positions: bool | Sequence[int], heads: int | None, head_pattern: str, per_example: bool
+) -> Cells:
+    """The sweep's cells: ``cells`` if given (then the four keywords must keep their defaults), else the keywords."""
+    keywords = Cells(positions, heads, head_pattern, per_example)
+    if cells is None:
+        return keywords
+    if not isinstance(cells, Cells):
+        raise TypeError(f"`cells` must be a Cells(positions=..., heads=...); got {type(cells).__name__}")
+    if keywords != Cells():
+        raise TypeError(
+            f"give the cells once: `cells`={cells} or the keywords `positions`, `heads`, `head_pattern`, "
+            f"`per_example` ({keywords}), not both"
+        )
+    return cells
 
 
 @dataclass(frozen=True)

@@ -21,12 +21,14 @@ from ._sweep import (
     Inputs,
     call_of,
     check_direction,
+    chosen_cells,
     normalised,
     prepare,
     reference_run,
     repeat_batch,
     take_rows,
 )
+from .result import PatchingResult
 from .sites import Recorded, Site, check_site, replace
 
 
@@ -39,6 +41,7 @@ def activation_patching(
     *,
     site: Site = "output",
     element: Element = None,
+    cells: Cells | None = None,
     positions: bool | Sequence[int] = True,
     heads: int | None = None,
     head_pattern: str = DEFAULT_HEAD_PATTERN,
@@ -48,7 +51,7 @@ def activation_patching(
     cells_per_forward: int = 1,
     reuse: bool = True,
     progress: bool = True,
-) -> torch.Tensor:
+) -> PatchingResult:
     """Patch one site at a time from one run into the other and measure ``metric`` each time.
 
     Denoising (default): the clean input runs once and its activations are recorded; then, for every cell (a layer,
@@ -64,11 +67,12 @@ def activation_patching(
         site: ``"output"`` of the modules, or their first positional ``"input"`` (the residual stream before a
             block is the input of that block).
         element: for modules returning tuples, which element is the site.
-        positions: ``True``: one cell per position (axis 1 of the activation); a sequence: those positions;
-            ``False``: all positions at once.
-        heads: number of heads: one cell per head, the activation viewed through ``head_pattern``.
-        head_pattern: einops pattern splitting the last axis into heads, with ``h`` the head axis.
-        per_example: keep one value per batch item (a trailing batch axis).
+        cells: the cells of the sweep as one value, :class:`~attribution.patching.Cells` (the four keywords
+            below, documented there); not together with them.
+        positions: one cell per position (``True``), per listed position, or none (``False``): see ``Cells``.
+        heads: one cell per head, the activation viewed through ``head_pattern``: see ``Cells``.
+        head_pattern: the heads' view of the activation: see ``Cells``.
+        per_example: keep one value per batch item (a trailing batch axis): see ``Cells``.
         normalize: return ``(patched - corrupted) / (clean - corrupted)`` when denoising (0 is the corrupted run, 1
             the clean one) and ``(patched - clean) / (corrupted - clean)`` when noising; costs one more forward.
         direction: ``"denoise"`` (clean into corrupted) or ``"noise"`` (corrupted into clean).
@@ -84,10 +88,12 @@ def activation_patching(
         progress: show a tqdm progress bar (it appears once the call has run for a second).
 
     Returns:
+        A float32 CPU :class:`~attribution.patching.PatchingResult` (a tensor that carries its axes' labels):
         ``(layers, positions)``, ``(layers,)``, ``(layers, heads)`` or ``(layers, positions, heads)``, plus a
         trailing batch axis with ``per_example=True``.
 
     Raises:
+        TypeError: ``cells`` together with one of the four keywords it replaces.
         ValueError: ``clean`` and ``corrupted`` differ in structure or shape (before any forward); ``metric`` does not
             return a scalar (or a ``(batch,)`` vector with ``per_example``), a layer never runs, or ``heads`` does
             not divide the activation (after the reference run, before the sweep).
@@ -107,12 +113,12 @@ def activation_patching(
     if cells_per_forward < 1:
         raise ValueError(f"`cells_per_forward` must be at least 1; got {cells_per_forward}")
     inputs = prepare(model, clean, corrupted, layers, ("`clean`", "`corrupted`"), swap=direction == "noise")
-    grid = Cells(positions, heads, head_pattern, per_example)
+    grid = chosen_cells(cells, positions, heads, head_pattern, per_example)
     replayable = reuse and cells_per_forward == 1
     hooked = {id(m) for m in hooked_modules(inputs.model)} if replayable else None  # the user's hooks, before ours
     with HookedRun(inputs.model, "activation-patching") as run, ExitStack() as stack:
         source, source_metric = reference_run(run, inputs, grid, site, element, metric)
-        cells, shape = grid.plan(inputs.names, source, inputs.model, site)
+        every, shape = grid.plan(inputs.names, source, inputs.model, site)
         target_output, plans, replay = None, None, None
         if hooked is not None:  # the unpatched target run, traced to replay the calls before each site
             sites = [(name, site) for name in inputs.names]
@@ -122,11 +128,12 @@ def activation_patching(
         elif normalize:
             target_output = run.forward(inputs.target)
         target_metric = grid.metric(metric, target_output, inputs.batch) if normalize else None
-        sweep = _Sweep(inputs, source, grid, cells)
+        sweep = _Sweep(inputs, source, grid, every)
         hook_site(run.group, inputs.names, site, element, sweep.patch)
         values = sweep.run(run, metric, cells_per_forward, (replay, plans), progress)
     result = grid.shaped(values, shape, inputs.batch)
-    return result if target_metric is None else normalised(result, target_metric, source_metric)
+    result = result if target_metric is None else normalised(result, target_metric, source_metric)
+    return grid.labelled(result, inputs.names)
 
 
 class _Sweep:

@@ -32,10 +32,12 @@ from ._sweep import (
     Cells,
     Inputs,
     check_direction,
+    chosen_cells,
     prepare,
     ran_more_often,
     reference_run,
 )
+from .result import PatchingResult
 from .sites import Site, check_site
 
 Calls = dict[str, list[torch.Tensor]]  # module name -> one tensor per call of the module in one forward
@@ -50,6 +52,7 @@ def attribution_patching(
     *,
     site: Literal["output", "input"] = "output",
     element: Element = None,
+    cells: Cells | None = None,
     positions: bool | Sequence[int] = True,
     heads: int | None = None,
     head_pattern: str = DEFAULT_HEAD_PATTERN,
@@ -59,7 +62,7 @@ def attribution_patching(
     ig_steps: int = 1,
     rules: Rules = "gradient",
     progress: bool = True,
-) -> torch.Tensor:
+) -> PatchingResult:
     """Estimate :func:`attribution.activation_patching` to first order, every cell from one backward pass.
 
     Denoising (default): the clean input runs once without autograd and its activations ``a_clean`` are recorded;
@@ -100,11 +103,13 @@ def attribution_patching(
             first keyword argument).
         element: for tuple, mapping or ``ModelOutput`` sites, the tensor that is the site (an index or a name); for
             ``site="input"``, the argument (a position or a parameter name such as ``"hidden_states"``).
-        positions: the cells per position, as for :func:`attribution.activation_patching`.
-        heads: the cells per head, as for :func:`attribution.activation_patching`.
-        head_pattern: the heads' view of the activation, as for :func:`attribution.activation_patching`.
-        per_example: keep one value per batch item (a trailing batch axis). The per-item gradients come from one
-            backward pass of the summed metric, so batch items must not interact in the model.
+        cells: the cells of the sweep as one value, :class:`~attribution.patching.Cells` (the four keywords
+            below, documented there); not together with them.
+        positions: one cell per position (``True``), per listed position, or none (``False``): see ``Cells``.
+        heads: one cell per head, the activation viewed through ``head_pattern``: see ``Cells``.
+        head_pattern: the heads' view of the activation: see ``Cells``.
+        per_example: keep one value per batch item (a trailing batch axis): see ``Cells``. The per-item gradients
+            come from one backward pass of the summed metric, so batch items must not interact in the model.
         normalize: return ``(estimate - m_target) / (m_source - m_target)``: 0 is the unpatched run of the input
             being patched, 1 the run the activations come from (as in :func:`attribution.activation_patching`).
         direction: ``"denoise"`` (clean into corrupted: gradients on the corrupted run) or ``"noise"`` (corrupted
@@ -116,8 +121,9 @@ def attribution_patching(
             times per forward).
 
     Returns:
-        A float32 CPU tensor ``(layers, positions)``, ``(layers,)``, ``(layers, heads)`` or
-        ``(layers, positions, heads)``, plus a trailing batch axis with ``per_example=True``: the estimated metric
+        A float32 CPU :class:`~attribution.patching.PatchingResult` ``(layers, positions)``, ``(layers,)``,
+        ``(layers, heads)`` or ``(layers, positions, heads)``, plus a trailing batch axis with ``per_example=True``:
+        the estimated metric
         of each patched run (or its normalised value).
 
     Raises:
@@ -126,7 +132,8 @@ def attribution_patching(
             ``clean`` and ``corrupted`` of different structure or shapes (before any forward); ``metric`` not a scalar
             (or ``(batch,)`` with ``per_example``) or not differentiable in any site, a layer that never runs,
             ``heads`` that do not divide the activation.
-        TypeError: a site that is not a floating-point tensor (a tuple needs ``element``); inputs of another form.
+        TypeError: ``cells`` together with one of the keywords it replaces; a site that is not a floating-point tensor
+            (a tuple needs ``element``); inputs of another form.
         IndexError: a position out of range.
 
     Warns:
@@ -150,7 +157,7 @@ def attribution_patching(
         raise ValueError(f"`ig_steps` must be an int of at least 1 (1: plain attribution patching); got {ig_steps!r}")
     inputs = prepare(model, clean, corrupted, layers, ("`clean`", "`corrupted`"), swap=direction == "noise")
     where = relp_sites(inputs.model, rules)
-    taps = _Taps(site, element, metric, Cells(positions, heads, head_pattern, per_example), where)
+    taps = _Taps(site, element, metric, chosen_cells(cells, positions, heads, head_pattern, per_example), where)
     with HookedRun(inputs.model, "attribution-patching") as run:
         for p in inputs.model.parameters():  # no graph before the first site, no parameter gradients; restored on exit
             p.requires_grad_(False)
@@ -161,9 +168,8 @@ def attribution_patching(
     values = [_estimate(name, source[name], target[name], grads[name], taps, ig_steps) for name in inputs.names]
     effect = taps.cells.shaped(torch.stack(values).float().cpu(), shape, inputs.batch)
     base, top = target_metric.float().cpu(), source_metric.float().cpu()
-    if normalize:  # 0 = the unpatched run, 1 = the run the activations come from
-        return effect / (top - base)
-    return base + effect
+    # normalised: 0 = the unpatched run, 1 = the run the activations come from
+    return taps.cells.labelled(effect / (top - base) if normalize else base + effect, inputs.names)
 
 
 @dataclass(frozen=True)

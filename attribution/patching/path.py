@@ -17,19 +17,21 @@ from torch import nn
 from hooks import ModuleTarget
 
 from .._progress import progress as progress_bar
-from .._run import Element, HookedRun, did_not_run, hook_site
+from .._run import Element, HookedRun, did_not_run, hook_site, warn
 from ._sweep import (
     DEFAULT_HEAD_PATTERN,
     Cell,
     Cells,
     Inputs,
     call_of,
+    chosen_cells,
     normalised,
     ordered,
     prepare,
     ran_more_often,
     reference_run,
 )
+from .result import PatchingResult
 from .sites import Index, Recorded, Site, check_site, record, replace
 
 
@@ -44,17 +46,18 @@ def path_patching(
     freeze: ModuleTarget | None = None,
     site: Literal["output", "input"] = "output",
     element: Element = None,
+    cells: Cells | Sequence[Sequence[int]] | None = None,
     positions: bool | Sequence[int] = True,
     heads: int | None = None,
     head_pattern: str = DEFAULT_HEAD_PATTERN,
+    per_example: bool = False,
     receiver_site: Literal["output", "input"] = "input",
     receiver_element: Element = None,
     receiver_positions: Sequence[int] | None = None,
-    cells: Sequence[Sequence[int]] | None = None,
-    per_example: bool = False,
+    only: Sequence[Sequence[int]] | None = None,
     normalize: bool = False,
     progress: bool = True,
-) -> torch.Tensor:
+) -> PatchingResult:
     """Patch each sender cell from ``source`` into ``base`` along the paths that reach ``receivers`` only.
 
     ``base`` is the run being patched (the clean prompt, when asking what breaks it; the corrupted one when asking
@@ -88,25 +91,30 @@ def path_patching(
         site: ``"output"`` or ``"input"`` (the first argument as called) of the senders and frozen modules.
         element: for tuple, mapping or ``ModelOutput`` sites, the tensor that is the site (an index or a name); for
             ``site="input"``, the argument (a position or a parameter name).
-        positions: the sender cells per position, as for :func:`attribution.activation_patching`.
-        heads: the sender cells per head, as for :func:`attribution.activation_patching`.
-        head_pattern: the heads' view of the activation, as for :func:`attribution.activation_patching`.
+        cells: the sender cells as one value, :class:`~attribution.patching.Cells` (the four keywords below,
+            documented there); not together with them. (A sequence of index tuples, the former meaning of ``cells``,
+            is now ``only``: it still works, with a ``DeprecationWarning``.)
+        positions: one cell per position (``True``), per listed position, or none (``False``): see ``Cells``.
+        heads: one cell per head, the activation viewed through ``head_pattern``: see ``Cells``.
+        head_pattern: the heads' view of the activation: see ``Cells``.
+        per_example: keep one value per batch item (a trailing batch axis): see ``Cells``.
         receiver_site: ``"input"`` (default) or ``"output"`` of the receivers.
         receiver_element: ``element`` for the receivers' site.
         receiver_positions: positions (axis 1) of the receivers' activations to patch; ``None``: all.
-        cells: run only these cells, given as indices into the result (``(sender, head)`` for a ``(senders, heads)``
+        only: run only these cells, given as indices into the result (``(sender, head)`` for a ``(senders, heads)``
             result, ``(sender, position_index, head)`` for ``(senders, positions, heads)``...); the other cells are
             NaN. For confirming a few cells that a screen such as attribution patching ranked first.
-        per_example: keep one value per batch item (a trailing batch axis).
         normalize: return ``(patched - m_base) / (m_source - m_base)``: 0 is the ``base`` run, 1 the ``source`` run.
         progress: show a tqdm progress bar (it appears once the call has run for a second).
 
     Returns:
-        A float32 CPU tensor shaped like :func:`attribution.activation_patching`'s: ``(senders, positions)``,
-        ``(senders,)``, ``(senders, heads)`` or ``(senders, positions, heads)``, plus a trailing batch axis with
-        ``per_example=True``: the metric after each path patch.
+        A float32 CPU :class:`~attribution.patching.PatchingResult` (first axis ``sender``) shaped like
+        :func:`attribution.activation_patching`'s: ``(senders, positions)``, ``(senders,)``, ``(senders, heads)`` or
+        ``(senders, positions, heads)``, plus a trailing batch axis with ``per_example=True``: the metric after each
+        path patch.
 
     Raises:
+        TypeError: ``cells`` together with one of the keywords it replaces, or ``cells`` and ``only`` as index tuples.
         ValueError: ``base`` and ``source`` differ in structure or shape (before any forward); ``metric`` is not a
             scalar (or ``(batch,)`` with ``per_example``), a sender, frozen module or receiver never runs, ``heads``
             do not divide the activation.
@@ -131,7 +139,8 @@ def path_patching(
     receiving = _Sites(receiver_site, receiver_element, [name for name, _ in ordered(inputs.model, receivers)])
     frozen = _frozen(inputs, freeze, receiving if (site, element) == (receiver_site, receiver_element) else None)
     sending = _Sites(site, element, list(dict.fromkeys(inputs.names + frozen)))
-    grid = Cells(positions, heads, head_pattern, per_example)
+    cells, only = _deprecated_cells(cells, only)
+    grid = chosen_cells(cells, positions, heads, head_pattern, per_example)
     with HookedRun(inputs.model, "path-patching") as run:
         with (
             record(inputs.model, sending.names, site=site, element=element) as base_acts,
@@ -147,12 +156,13 @@ def path_patching(
         paths = _Paths(inputs, grid, frozen, (base_acts, source_acts), receiver_positions)
         hook_site(run.group, sending.names, site, element, paths.sender_site)
         hook_site(run.group, receiving.names, receiver_site, receiver_element, paths.receiver)
-        chosen = range(len(every)) if cells is None else _chosen(cells, shape)
-        values = torch.full((len(every), *((inputs.batch,) if per_example else ())), float("nan"))
+        chosen = range(len(every)) if only is None else _chosen(only, shape)
+        values = torch.full((len(every), *((inputs.batch,) if grid.per_example else ())), float("nan"))
         for i in progress_bar(chosen, desc="path patching", enabled=progress):
             values[i] = paths.run(run, every[i], metric)
     result = grid.shaped(values, shape, inputs.batch)
-    return normalised(result, base_metric, source_metric) if normalize else result  # 0: the base run, 1: source
+    result = normalised(result, base_metric, source_metric) if normalize else result  # 0: the base run, 1: source
+    return grid.labelled(result, inputs.names, "sender")
 
 
 @dataclass(frozen=True)
@@ -236,13 +246,29 @@ class _Paths:
         return None
 
 
-def _chosen(cells: Sequence[Sequence[int]], shape: tuple[int, ...]) -> list[int]:
-    """Flat (row-major) indices of ``cells``, index tuples into a result of ``shape``; checked."""
+def _deprecated_cells(
+    cells: Cells | Sequence[Sequence[int]] | None, only: Sequence[Sequence[int]] | None
+) -> tuple[Cells | None, Sequence[Sequence[int]] | None]:
+    """``(cells, only)``, with index tuples given as ``cells`` (the old spelling) moved to ``only``, warned."""
+    if not isinstance(cells, (list, tuple)):  # None, a Cells, or something chosen_cells refuses
+        return cells, only  # type: ignore[return-value]
+    if only is not None:
+        raise TypeError("give the cells to run once, as `only`; `cells` is for Cells(positions=..., heads=...)")
+    warn(
+        "`cells` as index tuples is deprecated: pass them as `only=` (`cells` now takes "
+        "Cells(positions=..., heads=...))",
+        DeprecationWarning,
+    )
+    return None, cells
+
+
+def _chosen(only: Sequence[Sequence[int]], shape: tuple[int, ...]) -> list[int]:
+    """Flat (row-major) indices of ``only``, index tuples into a result of ``shape``; checked."""
     flat = set()
-    for cell in cells:
+    for cell in only:
         index = tuple(int(i) for i in cell)
         if len(index) != len(shape) or not all(-n <= i < n for i, n in zip(index, shape, strict=True)):
-            raise IndexError(f"`cells` entry {tuple(cell)} is not an index into the result's shape {shape}")
+            raise IndexError(f"`only` entry {tuple(cell)} is not an index into the result's shape {shape}")
         position = 0
         for i, n in zip(index, shape, strict=True):
             position = position * n + i % n

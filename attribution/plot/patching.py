@@ -9,6 +9,7 @@ import numpy as np
 import torch
 
 from ..metrics._similarity import spearman
+from ..patching.result import PatchingResult
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
@@ -27,11 +28,17 @@ def plot_patching(
 ) -> Axes:
     """Heatmap of an activation-patching result, with a diverging colour map centred at zero.
 
+    A sweep's result (a :class:`~attribution.patching.PatchingResult`) labels the plot itself: the rows with its
+    module names, the columns with its positions (or heads); explicit ``tokens`` and ``layers`` win. ``tokens`` for
+    every position of the input label the positions a sweep ran on (``positions=[2, -1]``: ``tokens[2]``,
+    ``tokens[-1]``).
+
     Args:
         result: ``(layers,)``, ``(layers, positions)`` or ``(layers, heads)``; ``(layers, positions, heads)`` is
-            drawn with one row per layer and head (``L0.H1``...).
+            drawn with one row per layer and head (``L0.H1``...). A per-example result: pick an example first
+            (``result.isel(example=0)``).
         tokens: labels of the positions (the x axis), e.g. the input tokens.
-        layers: labels of the rows (default ``L0``, ``L1``...).
+        layers: labels of the rows (default: the result's module names, else ``L0``, ``L1``...).
         ax: axes to draw on (default: a new figure).
         cmap: a diverging colour map; the colour limits are symmetric around 0.
         title: axes title.
@@ -40,9 +47,19 @@ def plot_patching(
 
     Returns:
         The axes.
+
+    Example:
+        >>> import matplotlib
+        >>> matplotlib.use("Agg")
+        >>> from attribution.patching import PatchingResult
+        >>> result = PatchingResult(torch.ones(2, 2), {"layer": ["blocks.0", "blocks.1"], "position": [0, -1]})
+        >>> ax = plot_patching(result, tokens=["The", "cat", "sat"])
+        >>> [t.get_text() for t in ax.get_yticklabels()], [t.get_text() for t in ax.get_xticklabels()]
+        (['blocks.0', 'blocks.1'], ['The', 'sat'])
     """
     import matplotlib.pyplot as plt
 
+    layers, tokens = _carried(result, layers, tokens)
     values = torch.as_tensor(result).detach().float().cpu()
     row_labels = list(layers) if layers is not None else [f"L{i}" for i in range(values.shape[0])]
     if values.dim() == 1:
@@ -70,8 +87,8 @@ def plot_patching(
     ax.set_xticks(
         range(values.shape[1]),
         columns,
-        rotation=45 if tokens is not None else 0,
-        ha="right" if tokens is not None else "center",
+        rotation=45 if any(len(c) > 3 for c in columns) else 0,
+        ha="right" if any(len(c) > 3 for c in columns) else "center",
     )
     ax.set_yticks(range(values.shape[0]), row_labels)
     if annotate:
@@ -90,6 +107,30 @@ def plot_patching(
     if title:
         ax.set_title(title)
     return ax
+
+
+def _carried(
+    result: torch.Tensor, layers: Sequence[str] | None, tokens: Sequence[str] | None
+) -> tuple[Sequence[str] | None, Sequence[str] | None]:
+    """The row and column labels: the explicit ones, else those a :class:`PatchingResult` carries."""
+    if not isinstance(result, PatchingResult):
+        return layers, tokens
+    if "example" in result.axes:
+        raise ValueError(
+            f"`result` has an example axis (axes {result.axes}, from per_example=True): plot one example, "
+            "result.isel(example=i), or pass their mean as a plain tensor"
+        )
+    if layers is None:
+        layers = [str(label) for label in result.labels[result.axes[0]]]
+    if "position" in result.axes:
+        positions = result.labels["position"]
+        if tokens is None:
+            tokens = [str(p) for p in positions]
+        elif len(tokens) != len(positions) and all(-len(tokens) <= p < len(tokens) for p in positions):
+            tokens = [tokens[p] for p in positions]  # tokens of the whole input, the sweep ran on some positions
+    elif "head" in result.axes and tokens is None and result.dim() == 2:
+        tokens = [f"H{h}" for h in result.labels["head"]]
+    return layers, tokens
 
 
 def _cell_labels(shape: Sequence[int], layers: Sequence[str] | None, tokens: Sequence[str] | None) -> list[str]:
@@ -127,8 +168,9 @@ def plot_atp_vs_exact(
     Args:
         estimate: the result of :func:`attribution.attribution_patching`.
         exact: the result of :func:`attribution.activation_patching` for the same cells (same shape).
-        tokens: labels of the second axis (positions, or heads of a ``(layers, heads)`` result).
-        layers: labels of the first axis (default ``L0``, ``L1``...).
+        tokens: labels of the second axis (positions, or heads of a ``(layers, heads)`` result); default: the
+            labels the results carry (as in :func:`plot_patching`).
+        layers: labels of the first axis (default: the results' module names, else ``L0``, ``L1``...).
         annotate: label this many cells, those with the largest exact effect ``|exact - median(exact)|``.
         ax: axes to draw on (default: a new figure).
         title: axes title.
@@ -146,6 +188,7 @@ def plot_atp_vs_exact(
     """
     import matplotlib.pyplot as plt
 
+    layers, tokens = _carried(exact if isinstance(exact, PatchingResult) else estimate, layers, tokens)
     y = torch.as_tensor(estimate).detach().double().cpu()
     x = torch.as_tensor(exact).detach().double().cpu()
     if x.shape != y.shape:
@@ -199,8 +242,9 @@ def plot_path_patching(
     Args:
         path: the result of :func:`attribution.path_patching`, ``(senders[, positions][, heads])``.
         total: the total effect of the same cells (same shape), or None.
-        tokens: labels of the second axis (positions, or heads of a ``(senders, heads)`` result).
-        layers: labels of the senders (default ``L0``, ``L1``...).
+        tokens: labels of the second axis (positions, or heads of a ``(senders, heads)`` result); default: the
+            labels the result carries (as in :func:`plot_patching`).
+        layers: labels of the senders (default: the result's module names, else ``L0``, ``L1``...).
         top: draw only the ``top`` cells of largest ``|path|``, strongest first (default: every cell, in order).
         ax: axes to draw on (default: a new figure).
         title: axes title.
@@ -217,6 +261,7 @@ def plot_path_patching(
     """
     import matplotlib.pyplot as plt
 
+    layers, tokens = _carried(path, layers, tokens)
     values = torch.as_tensor(path).detach().double().cpu()
     if total is not None and tuple(torch.as_tensor(total).shape) != tuple(values.shape):
         raise ValueError(

@@ -127,3 +127,20 @@ def tiny_llama(**config: Any) -> nn.Module:
     }
     torch.manual_seed(0)
     return transformers.LlamaForCausalLM(transformers.LlamaConfig(**{**settings, **config})).eval()
+
+
+def sweep_setting() -> tuple[nn.Module, torch.Tensor, torch.Tensor]:
+    """A float64 ``Linear-Tanh-Linear`` with three 6-wide sites, and two inputs of 3 examples x 4 positions."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(6, 6), nn.Tanh(), nn.Linear(6, 6)).double()
+    return model, torch.randn(3, 4, 6, dtype=torch.float64), torch.randn(3, 4, 6, dtype=torch.float64)
+
+
+def last_position_sum(out: torch.Tensor) -> torch.Tensor:
+    """A scalar metric: the sum of the last position's output."""
+    return out[:, -1].sum()
+
+
+def last_position_per_item(out: torch.Tensor) -> torch.Tensor:
+    """A ``(batch,)`` metric: each example's sum of the last position's output."""
+    return out[:, -1].sum(-1)

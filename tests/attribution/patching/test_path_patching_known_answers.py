@@ -90,7 +90,7 @@ def test_receiver_positions_patch_only_those_positions(setup):
 
 def test_chosen_cells_only_and_normalised(setup):
     model, base, source = setup
-    got = path_patching(model, base, source, "a", "b", metric, cells=[(0, 2)], normalize=True, progress=False)
+    got = path_patching(model, base, source, "a", "b", metric, only=[(0, 2)], normalize=True, progress=False)
     with torch.no_grad():
         low, high = metric(model(base)), metric(model(source))
     assert got[0, :2].isnan().all()
@@ -110,7 +110,7 @@ def test_a_receiver_is_not_frozen_at_its_receiving_site(setup):
 def test_only_the_cells_sender_is_patched_and_cells_index_the_result(setup):
     """Senders ``a`` and ``b`` (rows 0 and 1), nothing frozen, receiver ``r``: cell (1, 0) patches ``b`` alone."""
     model, base, source = setup
-    got = path_patching(model, base, source, ["a", "b"], "r", metric, freeze=(), cells=[(1, 0), (0, 1)], progress=False)
+    got = path_patching(model, base, source, ["a", "b"], "r", metric, freeze=(), only=[(1, 0), (0, 1)], progress=False)
     with torch.no_grad():
         h1 = model.a(base)
         pre = model.b(base + h1)
