@@ -1,6 +1,7 @@
 """LRP time on VGG-16 and ResNet-50 (224 x 224, float32, one thread): ours vs zennit 1.0 vs the floor, one process.
 
 Run from the repository root: python -m benchmarks.lrp_speed [--rounds 3] [--batch 4] [--models vgg16 resnet50]
+[--composites EpsilonPlus ...] [--no-zennit]
 The floor is one forward and backward of the plain model with parameter gradients (``loss.backward()``). Times are
 CPU times (``time.process_time``) on one thread, the median of interleaved rounds; ratios are to the floor. zennit
 runs with its canonizer for the model (VGG: ``VGGCanonizer``, ResNet: ``ResNetCanonizer``) and the same composite.
@@ -66,6 +67,8 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--batch", type=int, default=4)
     parser.add_argument("--models", nargs="+", default=["vgg16", "resnet50"])
+    parser.add_argument("--composites", nargs="+", default=None, help="a subset of the four composites")
+    parser.add_argument("--no-zennit", action="store_true", help="leave zennit out")
     args = parser.parse_args()
     setup(1)
     ours = {
@@ -74,6 +77,7 @@ def main() -> None:
         "EpsilonAlpha2Beta1": EpsilonAlpha2Beta1(),
         "EpsilonGammaBox": EpsilonGammaBox(LOW, HIGH),
     }
+    ours = {name: c for name, c in ours.items() if args.composites is None or name in args.composites}
     rows = []
     targets = list(range(args.batch))
     for kind in args.models:
@@ -90,7 +94,7 @@ def main() -> None:
             one_hot[torch.arange(len(targets)), targets] = 1.0
             return one_hot * output
 
-        theirs = zennit_calls(model, kind, seed)
+        theirs = {} if args.no_zennit else zennit_calls(model, kind, seed)
         for name, composite in ours.items():
             lrp = LRP(model, composite)
             variants: dict[str, Callable[[], Any]] = {

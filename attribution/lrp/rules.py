@@ -287,17 +287,12 @@ class AlphaBeta(Rule):
 
     def prepare(self, layer: Layer, x: torch.Tensor, z: torch.Tensor) -> Step:
         """See the class documentation."""
-        split, w_pos, w_neg = _Split.of(x), _weight(layer, "+"), _weight(layer, "-")
-        b_pos, b_neg = _clamped(layer.bias, 1), _clamped(layer.bias, -1)
-        den_pos = stabilize(_two_sided(layer, split, (w_pos, b_pos), lambda: w_neg), self.stabilizer)
-        den_neg = stabilize(_two_sided(layer, split, (w_neg, b_neg), lambda: w_pos), self.stabilizer)
-
-        def step(r: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
-            pos = _spread(layer, split, r / den_pos, w_pos, lambda: w_neg)
-            neg = _spread(layer, split, r / den_neg, w_neg, lambda: w_pos)
-            return self.alpha * pos - self.beta * neg
-
-        return step
+        split = _Split.of(x)
+        z_pos, z_neg = _parts(layer, split, z)
+        scale_pos = z_pos.add_(self.stabilizer).reciprocal_().mul_(self.alpha)  # z+ >= 0: stab(z+) = z+ + eps
+        scale_neg = z_neg.sub_(self.stabilizer).reciprocal_().mul_(-self.beta)
+        first, second = (scale_pos, _weight(layer, "+")), (scale_neg, _weight(layer, "-"))
+        return _paired_step(layer, split, first, second)
 
 
 class Gamma(Rule):
@@ -319,25 +314,20 @@ class Gamma(Rule):
         self.gamma, self.stabilizer = float(gamma), float(stabilizer)
 
     def prepare(self, layer: Layer, x: torch.Tensor, z: torch.Tensor) -> Step:
-        """See the class documentation."""
-        g = self.gamma
+        """See the class documentation.
+
+        The denominators are ``z + gamma z+`` (positive outputs) and ``z + gamma z-`` (negative ones), with ``z+``
+        and ``z-`` the positive and negative parts of the layer's output (:func:`_parts`).
+        """
+        g, eps = self.gamma, self.stabilizer
         w_up = layer.derived(f"gamma {g} +", lambda: layer.weight + g * _weight(layer, "+"))
         w_down = layer.derived(f"gamma {g} -", lambda: layer.weight + g * _weight(layer, "-"))
-        b = layer.bias
-        b_up = None if b is None else b + g * positive(b)
-        b_down = None if b is None else b + g * negative(b)
         split = _Split.of(x)
-        den_pos = stabilize(_two_sided(layer, split, (w_up, b_up), lambda: w_down), self.stabilizer)
-        den_neg = stabilize(_two_sided(layer, split, (w_down, b_down), lambda: w_up), self.stabilizer)
-        mask_pos, mask_neg = z > 0.0, z < 0.0
-
-        def step(r: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
-            s_pos, s_neg = mask_pos * r / den_pos, mask_neg * r / den_neg
-            return _spread(layer, split, s_pos, w_up, lambda: w_down) + _spread(
-                layer, split, s_neg, w_down, lambda: w_up
-            )
-
-        return step
+        z_pos, z_neg = _parts(layer, split, z)
+        up, down = z > 0.0, z < 0.0
+        scale_pos = torch.add(z, z_pos, alpha=g).add_(eps).reciprocal_().masked_fill_(~up, 0.0)
+        scale_neg = torch.add(z, z_neg, alpha=g).sub_(eps).reciprocal_().masked_fill_(~down, 0.0)
+        return _paired_step(layer, split, (scale_pos, w_up), (scale_neg, w_down))
 
 
 class ZBox(Rule):
@@ -363,7 +353,7 @@ class ZBox(Rule):
         w_pos, w_neg = _weight(layer, "+"), _weight(layer, "-")
         b_pos, b_neg = _clamped(layer.bias, 1), _clamped(layer.bias, -1)
         z_low, z_high = layer.forward(low, w_pos, b_pos), layer.forward(high, w_neg, b_neg)
-        den = stabilize(layer.forward(x, layer.weight, layer.bias) - (z_low + z_high), self.stabilizer)
+        den = stabilize(z - (z_low + z_high), self.stabilizer)
 
         def step(r: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
             s = r / den
@@ -436,6 +426,40 @@ class _Split:
         if not bool(x.min() < 0):  # one reduction, no boolean tensor
             return cls(x, None)
         return cls(positive(x), negative(x))
+
+
+def _parts(layer: Layer, x: _Split, z: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``z+ = f(x+; W+, b+) + f(x-; W-, 0) >= 0`` and ``z- = f(x+; W-, b-) + f(x-; W+, 0) <= 0``, fresh tensors.
+
+    The two add up to the layer's output ``z``, so ``z-`` is taken as ``min(z - z+, 0)``: one convolution after a
+    ReLU (``x- = 0``), two otherwise, for the four of the formula.
+    """
+    z_pos = _two_sided(layer, x, (_weight(layer, "+"), _clamped(layer.bias, 1)), partial(_weight, layer, "-"))
+    return z_pos, torch.sub(z, z_pos).clamp_(max=0.0)
+
+
+def _paired_step(
+    layer: Layer,
+    x: _Split,
+    first: tuple[torch.Tensor, torch.Tensor],
+    second: tuple[torch.Tensor, torch.Tensor],
+) -> Step:
+    """``R_in = x+ * (f^T(R a; W1) + f^T(R b; W2)) + x- * (f^T(R a; W2) + f^T(R b; W1))``.
+
+    ``first = (a, W1)`` and ``second = (b, W2)`` are the scales of the relevance ``R`` at the output and the weights
+    they go back through.
+    """
+    (a, w1), (b, w2) = first, second
+
+    def spread(s1: torch.Tensor, s2: torch.Tensor, v1: torch.Tensor, v2: torch.Tensor) -> torch.Tensor:
+        return layer.adjoint(s1, v1, x.pos).add_(layer.adjoint(s2, v2, x.pos))
+
+    def step(r: torch.Tensor, _: torch.Tensor) -> torch.Tensor:
+        s1, s2 = r * a, r * b
+        out = x.pos * spread(s1, s2, w1, w2)
+        return out if x.neg is None else out.add_(x.neg * spread(s1, s2, w2, w1))
+
+    return step
 
 
 def _two_sided(

@@ -120,6 +120,29 @@ def test_rules_match_their_formulas(two_layers: nn.Sequential, first: str, upper
     torch.testing.assert_close(got, expected, rtol=1e-12, atol=1e-14)
 
 
+@pytest.mark.parametrize("upper", ["alpha2beta1", "gamma"])
+def test_an_output_with_no_negative_part_matches_the_formula(two_layers: nn.Sequential, upper: str) -> None:
+    """After a dead hidden layer, ``z- = 0`` exactly: its stabiliser's sign (+ in the formula) must not matter."""
+    with torch.no_grad():
+        two_layers[0].bias.copy_(-torch.tensor([0.3, 0.2, 0.5, 0.4, 0.1]))  # all hidden units off for the 2nd item
+        two_layers[2].bias.copy_(torch.tensor([0.3, 0.0, 0.4]))  # b- = 0
+    x = torch.tensor([[1.0, -2.0, 0.5, 3.0], [0.0, 0.0, 0.0, 0.0]], dtype=torch.float64)
+    target = [2, 0]
+    composite = Composite([(nn.Linear, RULES[upper])], first_map=[(nn.Linear, RULES["epsilon"])])
+    got = LRP(two_layers, composite)(x, target=target)
+
+    first_layer, last_layer = two_layers[0], two_layers[2]
+    hidden = torch.relu(first_layer(x)).detach()
+    assert hidden[1].abs().max() == 0 and hidden[0].abs().max() > 0
+    out = last_layer(hidden).detach()
+    r_out = torch.zeros_like(out)
+    r_out[[0, 1], target] = out[[0, 1], target]
+    r_hidden = _reference(upper, hidden, last_layer.weight.detach(), last_layer.bias.detach(), r_out)
+    expected = _reference("epsilon", x, first_layer.weight.detach(), first_layer.bias.detach(), r_hidden)
+    assert expected[0].abs().max() > 0
+    torch.testing.assert_close(got, expected, rtol=1e-12, atol=1e-14)
+
+
 def test_stabilize_moves_away_from_zero_with_sign_one_at_zero() -> None:
     z = torch.tensor([-1.0, 0.0, 2.0], dtype=torch.float64)
     assert stabilize(z, 0.5).tolist() == [-1.5, 0.5, 2.5]
