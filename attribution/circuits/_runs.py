@@ -14,6 +14,8 @@ from torch import nn
 
 from .._inputs import batch_size
 from .._run import HookedRun
+from ..lrp._transformer import Sites
+from ..patching._relp import register_relp
 from ..patching._sweep import checked_metric, take_rows
 from ..patching.attribution import Tap
 from ._math import head_writes, reader_inputs, split_readers, wide
@@ -103,11 +105,13 @@ def gradient_run(
     *,
     embed: torch.Tensor | None = None,
     deltas: torch.Tensor | None = None,
+    rules: Sites | None = None,
 ) -> Gradients:
     """One forward with autograd from the first layer's input and one backward of ``metric``.
 
     ``embed`` replaces the first layer's input (an integrated-gradients point); with ``deltas`` (the corrupted
-    writers), each row is replaced in place by this run's writer activation minus it (clean - corrupted).
+    writers), each row is replaced in place by this run's writer activation minus it (clean - corrupted). With
+    ``rules`` (RelP's sites) the backward is RelP's: the rules' hooks go on first, the readers' taps after them.
     """
     attn_x: list[torch.Tensor] = []
     taps: dict[tuple[str, int, str], torch.Tensor] = {}
@@ -130,6 +134,8 @@ def gradient_run(
         def site(kind: str) -> Callable[[int, torch.Tensor], torch.Tensor]:
             return lambda layer, x: tap((kind, layer, kind), x)
 
+        if rules is not None:  # before the taps: a reader's gradient is the rules' from above it
+            register_relp(run.group, rules)
         writers = _Writers(model, graph, deltas, into=deltas) if deltas is not None else None
         keep = lambda layer, x: attn_x.append(x.detach())  # noqa: E731
         hook_graph(run.group, graph, embed=start, attn_input=keep, projection=projection, mlp_input=site("mlp"),

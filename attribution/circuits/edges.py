@@ -11,6 +11,10 @@ own slice of the q/k/v projection and the attention norm, through the MLP's norm
 ``logits``). EAP-IG (`Hanna et al. 2024 <https://arxiv.org/abs/2403.17806>`_, "inputs" variant) averages ``g_r``
 over ``k`` runs whose first-layer input is ``embed(corrupted) + i/k (embed(clean) - embed(corrupted))``,
 ``i = 1 .. k`` (``i = k`` is the clean run); the writer differences always come from the clean and corrupted runs.
+
+With ``rules="relp"`` ``g_r`` is RelP's (`Jafari et al. 2025 <https://arxiv.org/abs/2508.21258>`_): the backward of
+the same forward through LRP's rules (norm scales held constant, the identity rule on the MLP activation, the half
+rule on a gated MLP's product; see :mod:`attribution.patching._relp`), at the same cost.
 """
 
 from __future__ import annotations
@@ -24,6 +28,8 @@ from torch import nn
 
 from .._progress import progress as progress_bar
 from .._run import HookedRun, eager_module, warn
+from ..lrp._transformer import Sites, norm_rule
+from ..patching._relp import Rules, relp_sites
 from ..patching._sweep import check_same_shapes, plain
 from ._math import norm_vjp, wide
 from ._runs import Gradients, gradient_run, record_run
@@ -46,6 +52,7 @@ class EdgeScores:
     clean_metric: float
     corrupted_metric: float
     ig_steps: int = 1
+    rules: Rules = "gradient"
 
     def edges(self, n: int | None = None) -> list[tuple[str, str, float]]:
         """``(writer, reader, score)`` of the ``n`` edges of largest ``|score|`` (all edges by default), largest first.
@@ -86,6 +93,7 @@ def edge_attribution(
     ig_steps: int = 1,
     progress: bool = True,
     names: Mapping[str, Any] | None = None,
+    rules: Rules = "gradient",
 ) -> EdgeScores:
     """Score every edge of a decoder-only transformer with EAP (``ig_steps=1``) or EAP-IG (see the module docs).
 
@@ -107,13 +115,15 @@ def edge_attribution(
         progress: a progress bar over the integrated-gradients runs.
         names: module names and sizes for a layout :func:`~attribution.circuits.read_graph` does not find by itself
             (its keyword arguments).
+        rules: ``"gradient"`` (EAP, EAP-IG) or ``"relp"`` (the readers' gradients from RelP's rules; HuggingFace
+            Llama-style or GPT-2 models).
 
     Returns:
         The :class:`EdgeScores` (float32 or wider, on the CPU).
 
     Raises:
         ValueError: ``ig_steps`` not a positive int, ``clean`` and ``corrupted`` of different shapes, ``metric`` not a
-            scalar or not depending on the output, an unknown layout.
+            scalar or not depending on the output, an unknown layout, a bad ``rules``.
 
     Example:
         >>> import transformers
@@ -129,6 +139,7 @@ def edge_attribution(
     if isinstance(ig_steps, bool) or not isinstance(ig_steps, int) or ig_steps < 1:
         raise ValueError(f"`ig_steps` must be an int of at least 1 (1: EAP); got {ig_steps!r}")
     model = eager_module(model)
+    where = relp_sites(model, rules)
     clean, corrupted = plain(clean, model), plain(corrupted, model)
     check_same_shapes(clean, corrupted)
     graph = read_graph(model, **(names or {}))
@@ -139,16 +150,17 @@ def edge_attribution(
         deltas = low.writers  # becomes clean - corrupted during the clean run
         start = low.writers[0].clone()
         total = torch.zeros(len(graph.writers), len(graph.readers), dtype=deltas.dtype)
-        grads = gradient_run(model, graph, clean, metric, deltas=deltas)
+        grads = gradient_run(model, graph, clean, metric, deltas=deltas, rules=where)
         high = grads.metric
         if ig_steps == 1:  # contracted layer by layer: one layer's readers in memory at a time
-            for first, upstream, readers in _reader_gradients(model, graph, grads):
+            for first, upstream, readers in _reader_gradients(model, graph, grads, where):
                 _contract(total, deltas, readers, first, upstream)
         else:  # the readers' gradients summed over the points first, then contracted once
-            summed = list(_reader_gradients(model, graph, grads))
+            summed = list(_reader_gradients(model, graph, grads, where))
             for i in progress_bar(range(1, ig_steps), desc="EAP-IG", enabled=progress):
                 point = start + i / ig_steps * deltas[0]
-                found = _reader_gradients(model, graph, gradient_run(model, graph, clean, metric, embed=point))
+                run = gradient_run(model, graph, clean, metric, embed=point, rules=where)
+                found = _reader_gradients(model, graph, run, where)
                 for (*_, into), (*_, readers) in zip(summed, found, strict=True):
                     into += readers
             for first, upstream, readers in summed:
@@ -161,22 +173,33 @@ def edge_attribution(
     elif not finite.any():
         warn("every edge score is 0: `clean` and `corrupted` give the same writer activations or the metric does "
              "not change with them; choose inputs that differ in the behaviour the metric measures")  # fmt: skip
-    return EdgeScores(graph.writers, graph.readers, scores, high, low.metric, ig_steps)
+    return EdgeScores(graph.writers, graph.readers, scores, high, low.metric, ig_steps, rules)
 
 
 ReaderGradients = tuple[int, list[int], torch.Tensor]
 
 
-def _reader_gradients(model: nn.Module, graph: Graph, grads: Gradients) -> Iterator[ReaderGradients]:
-    """Per layer, then for ``logits``: (first reader, upstream counts, gradients ``(readers, batch, tokens, d)``)."""
+def _reader_gradients(
+    model: nn.Module, graph: Graph, grads: Gradients, rules: Sites | None = None
+) -> Iterator[ReaderGradients]:
+    """Per layer, then for ``logits``: (first reader, upstream counts, gradients ``(readers, batch, tokens, d)``).
+
+    The attention readers' gradients are taken through the attention norm here (the gradient, or with ``rules``
+    the LN-rule where RelP puts it); the MLP's and the logits' came through their norms in the run.
+    """
     upstream = graph.upstream().tolist()
     per_layer = graph.attention_readers + 1
     for layer, spec in enumerate(graph.layers):
         weight, _ = reader_weights(model, graph, layer)
         out_grads = grads.attn[layer]  # (readers, batch, tokens, d_head)
         normed = torch.einsum("rbte,red->rbtd", out_grads, weight.to(out_grads.dtype))
-        norm = model.get_submodule(spec.attn_norm).forward  # not __call__: no hooks
-        readers = torch.cat([norm_vjp(norm, grads.attn_x[layer], normed), grads.mlp[layer][None]])
+        norm = model.get_submodule(spec.attn_norm)
+        x = grads.attn_x[layer]
+        if rules is not None and spec.attn_norm in rules.rms_norms + rules.layer_norms:
+            through = norm_rule(norm, x)(normed.to(x.dtype))
+        else:
+            through = norm_vjp(norm.forward, x, normed)  # not __call__: no hooks
+        readers = torch.cat([through, grads.mlp[layer][None]])
         first = layer * per_layer
         yield first, upstream[first : first + per_layer], wide(readers)
     yield len(graph.readers) - 1, upstream[-1:], wide(grads.final[None])

@@ -29,6 +29,7 @@ __all__ = [
     "Sites",
     "identity_rule",
     "layer_norm_rule",
+    "norm_rule",
     "register_rules",
     "rms_norm_rule",
     "scaled_attention_inputs",
@@ -111,6 +112,23 @@ def layer_norm_rule(x: torch.Tensor, weight: torch.Tensor | None, eps: float) ->
         return (gw - gw.mean(-1, keepdim=True)) / std
 
     return backward
+
+
+def norm_rule(norm: nn.Module, x: torch.Tensor) -> Callable[[torch.Tensor], torch.Tensor]:
+    """The LN-rule backward of ``norm`` (an ``nn.LayerNorm`` or an RMSNorm with ``weight``) at its input ``x``.
+
+    Example:
+        >>> norm_rule(torch.nn.LayerNorm(2), torch.tensor([[1.0, 3.0]]))(torch.tensor([[1.0, 0.0]]))
+        tensor([[ 0.5000, -0.5000]])
+    """
+    weight = getattr(norm, "weight", None)
+    weight = weight.detach() if isinstance(weight, torch.Tensor) else None
+    if isinstance(norm, nn.LayerNorm):
+        return layer_norm_rule(x, weight, float(norm.eps))
+    eps = float(getattr(norm, "variance_epsilon", getattr(norm, "eps", 1e-6)))
+    if weight is None:
+        raise TypeError(f"the LN-rule needs an nn.LayerNorm or an RMSNorm with a `weight`; got {type(norm).__name__}")
+    return rms_norm_rule(x, weight, eps)
 
 
 # -- which modules get which rule ----------------------------------------------------------------------------------
@@ -199,17 +217,8 @@ def register_rules(group: HookGroup, where: Sites) -> None:
     def identity(module: nn.Module, args: tuple[Any, ...], output: torch.Tensor) -> torch.Tensor:
         return Replace.apply(args[0], [output.detach(), identity_rule(args[0].detach(), output.detach())])
 
-    def rms(module: nn.Module, args: tuple[Any, ...], output: torch.Tensor) -> torch.Tensor:
-        eps = float(getattr(module, "variance_epsilon", getattr(module, "eps", 1e-6)))
-        weight = getattr(module, "weight", None)
-        assert isinstance(weight, torch.Tensor)
-        step = rms_norm_rule(args[0].detach(), weight.detach(), eps)
-        return Replace.apply(args[0], [output.detach(), step])
-
-    def layer_norm(module: nn.LayerNorm, args: tuple[Any, ...], output: torch.Tensor) -> torch.Tensor:
-        weight = module.weight.detach() if module.weight is not None else None
-        step = layer_norm_rule(args[0].detach(), weight, float(module.eps))
-        return Replace.apply(args[0], [output.detach(), step])
+    def norm(module: nn.Module, args: tuple[Any, ...], output: torch.Tensor) -> torch.Tensor:
+        return Replace.apply(args[0], [output.detach(), norm_rule(module, args[0].detach())])
 
     if where.scaled:
         group.forward(list(where.scaled), scale)
@@ -219,10 +228,8 @@ def register_rules(group: HookGroup, where: Sites) -> None:
         group.forward_pre(where.halved_inputs, halve_input)
     if where.activations:
         group.forward(where.activations, identity)
-    if where.rms_norms:
-        group.forward(where.rms_norms, rms)
-    if where.layer_norms:
-        group.forward(where.layer_norms, layer_norm)
+    if where.rms_norms or where.layer_norms:
+        group.forward(where.rms_norms + where.layer_norms, norm)
 
 
 def scaled_attention_inputs(

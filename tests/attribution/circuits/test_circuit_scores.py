@@ -27,7 +27,7 @@ def tiny_gpt2() -> torch.nn.Module:
     return transformers.GPT2LMHeadModel(config).eval().double()
 
 
-class RMSNorm64(torch.nn.Module):
+class Float64RMSNorm(torch.nn.Module):
     """HF's LlamaRMSNorm without its cast to float32 (which would cap a float64 test at float32 precision)."""
 
     def __init__(self, norm: torch.nn.Module) -> None:
@@ -42,9 +42,9 @@ def llama() -> torch.nn.Module:
     """The tiny GQA Llama in float64 throughout."""
     model = tiny_llama().double()
     for layer in model.model.layers:
-        layer.input_layernorm = RMSNorm64(layer.input_layernorm)
-        layer.post_attention_layernorm = RMSNorm64(layer.post_attention_layernorm)
-    model.model.norm = RMSNorm64(model.model.norm)
+        layer.input_layernorm = Float64RMSNorm(layer.input_layernorm)
+        layer.post_attention_layernorm = Float64RMSNorm(layer.post_attention_layernorm)
+    model.model.norm = Float64RMSNorm(model.model.norm)
     return model
 
 
