@@ -16,9 +16,17 @@ from attribution import GradCAM, GradCAMPlusPlus, HiResCAM, LayerCAM, XGradCAM
 
 MODELS = {
     "vit_tiny_patch16_224": ({"img_size": 64}, ["blocks.11", "blocks.10", "blocks.11.norm1", "blocks.10.mlp"], None),
-    "deit_tiny_distilled_patch16_224": ({"img_size": 64}, ["blocks.11", "blocks.10", "blocks.11.norm1", "blocks.10.mlp"], None),
+    "deit_tiny_distilled_patch16_224": (
+        {"img_size": 64},
+        ["blocks.11", "blocks.10", "blocks.11.norm1", "blocks.10.mlp"],
+        None,
+    ),
     "cait_xxs24_224": ({"img_size": 64}, ["blocks.23", "blocks.23.norm1", "blocks.22.mlp"], None),
-    "swin_tiny_patch4_window7_224": ({}, ["layers.3", "layers.3.blocks.1.norm1", "layers.3.blocks.0.mlp", "layers.2"], "b h w c -> b c h w"),
+    "swin_tiny_patch4_window7_224": (
+        {},
+        ["layers.3", "layers.3.blocks.1.norm1", "layers.3.blocks.0.mlp", "layers.2"],
+        "b h w c -> b c h w",
+    ),
     "convnext_atto": ({}, ["stages.3", "stages.2", "stages.3.blocks.1"], None),
     "coatnet_0_rw_224": ({}, ["stages.3", "stages.2", "stages.3.blocks.1.norm1", "stages.2.blocks.0"], None),
     "maxvit_tiny_tf_224": ({"img_size": 64}, ["stages.3", "stages.2", "stages.3.blocks.1.grid.attn.proj"], None),
@@ -44,7 +52,7 @@ def survey(name: str) -> None:
                 try:
                     raw = method(model, layer, reshape=reshape)(x, 1, upsample=False, normalize=False)
                     result = f"max {float(raw.max()):.2e}"
-                except Exception as exc:  # noqa: BLE001
+                except Exception as exc:
                     result = f"{type(exc).__name__}: {str(exc)[:90]}"
             notes = sorted({str(w.message)[:70] for w in seen if issubclass(w.category, UserWarning)})
             print(f"{name} | {layer} | {method.__name__} | {result} | {notes}", flush=True)
