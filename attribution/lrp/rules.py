@@ -317,7 +317,7 @@ class Gamma(Rule):
         """See the class documentation.
 
         The denominators are ``z + gamma z+`` (positive outputs) and ``z + gamma z-`` (negative ones), with ``z+``
-        and ``z-`` the positive and negative parts of the layer's output (:func:`_parts`).
+        and ``z-`` the positive and negative parts of the layer's output (see ``_parts``).
         """
         g, eps = self.gamma, self.stabilizer
         w_up = layer.derived(f"gamma {g} +", lambda: layer.weight + g * _weight(layer, "+"))
