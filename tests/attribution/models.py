@@ -144,3 +144,25 @@ def last_position_sum(out: torch.Tensor) -> torch.Tensor:
 def last_position_per_item(out: torch.Tensor) -> torch.Tensor:
     """A ``(batch,)`` metric: each example's sum of the last position's output."""
     return out[:, -1].sum(-1)
+
+
+def lm64(kind: str = "llama") -> nn.Module:
+    """A tiny float64 HuggingFace LM with eager attention: ``"llama"`` (2 layers, 4 query heads sharing 2 key/value
+    heads, seed 0), ``"qwen2"`` (the same shape, seed 1) or ``"gpt2"`` (2 layers, 4 heads, seed 2); vocabulary 40,
+    width 16. The models of the AttnLRP, RelP and generation-AttnLRP known-answer tests."""
+    transformers = pytest.importorskip("transformers")
+    if kind == "gpt2":
+        torch.manual_seed(2)
+        config = transformers.GPT2Config(vocab_size=40, n_embd=16, n_layer=2, n_head=4, n_positions=16)
+        config._attn_implementation = "eager"
+        return transformers.GPT2LMHeadModel(config).double().eval()
+    seed, config_class, model_class = {
+        "llama": (0, transformers.LlamaConfig, transformers.LlamaForCausalLM),
+        "qwen2": (1, transformers.Qwen2Config, transformers.Qwen2ForCausalLM),
+    }[kind]
+    torch.manual_seed(seed)
+    config = config_class(
+        vocab_size=40, hidden_size=16, intermediate_size=24, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, attn_implementation="eager",
+    )  # fmt: skip
+    return model_class(config).double().eval()

@@ -8,24 +8,17 @@ from torch import nn
 
 from attribution import attribute_generation
 from attribution.lrp import AttnLRP
+from tests.attribution.models import lm64
 
 transformers = pytest.importorskip("transformers")
 
 
 def _llama() -> nn.Module:
-    torch.manual_seed(0)
-    config = transformers.LlamaConfig(
-        vocab_size=40, hidden_size=16, intermediate_size=24, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=2, attn_implementation="eager",
-    )  # fmt: skip
-    return transformers.LlamaForCausalLM(config).double().eval()
+    return lm64("llama")
 
 
 def _gpt2() -> nn.Module:
-    torch.manual_seed(2)
-    config = transformers.GPT2Config(vocab_size=40, n_embd=16, n_layer=2, n_head=4, n_positions=16)
-    config._attn_implementation = "eager"
-    return transformers.GPT2LMHeadModel(config).double().eval()
+    return lm64("gpt2")
 
 
 @pytest.mark.parametrize("make", [_llama, _gpt2])

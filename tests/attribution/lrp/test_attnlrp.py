@@ -12,45 +12,22 @@ from torch import nn
 
 from attribution.lrp import AttnLRP
 from attribution.lrp._transformer import identity_rule, layer_norm_rule, rms_norm_rule
+from tests.attribution.models import lm64
 
 transformers = pytest.importorskip("transformers")
 HERE = Path(__file__).resolve().parent
 
 
 def _llama() -> nn.Module:
-    """Two layers, 4 query heads sharing 2 key/value heads (GQA), float64."""
-    torch.manual_seed(0)
-    config = transformers.LlamaConfig(
-        vocab_size=40,
-        hidden_size=16,
-        intermediate_size=24,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        attn_implementation="eager",
-    )
-    return transformers.LlamaForCausalLM(config).double().eval()
+    return lm64("llama")
 
 
 def _qwen2() -> nn.Module:
-    torch.manual_seed(1)
-    config = transformers.Qwen2Config(
-        vocab_size=40,
-        hidden_size=16,
-        intermediate_size=24,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        attn_implementation="eager",
-    )
-    return transformers.Qwen2ForCausalLM(config).double().eval()
+    return lm64("qwen2")
 
 
 def _gpt2() -> nn.Module:
-    torch.manual_seed(2)
-    config = transformers.GPT2Config(vocab_size=40, n_embd=16, n_layer=2, n_head=4, n_positions=16)
-    config._attn_implementation = "eager"
-    return transformers.GPT2LMHeadModel(config).double().eval()
+    return lm64("gpt2")
 
 
 def _mistral() -> nn.Module:

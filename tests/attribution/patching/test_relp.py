@@ -24,31 +24,19 @@ from attribution import attribution_patching
 transformers = pytest.importorskip("transformers")
 from transformers.models.llama.modeling_llama import apply_rotary_pos_emb  # noqa: E402
 
+from tests.attribution.models import lm64  # noqa: E402
+
 Site = tuple[str, int]  # (family, layer): "resid" (block output), "attn", "mlp", "norm" (the MLP's norm) outputs,
 # "heads" (o_proj input). At "norm" the site is the output of a module with a rule: the rule must act before the tap.
 HEADS = 4
 
 
 def _llama() -> nn.Module:
-    """Two layers, 4 query heads sharing 2 key/value heads (GQA), float64."""
-    torch.manual_seed(0)
-    config = transformers.LlamaConfig(
-        vocab_size=40,
-        hidden_size=16,
-        intermediate_size=24,
-        num_hidden_layers=2,
-        num_attention_heads=HEADS,
-        num_key_value_heads=2,
-        attn_implementation="eager",
-    )
-    return transformers.LlamaForCausalLM(config).double().eval()
+    return lm64("llama")
 
 
 def _gpt2() -> nn.Module:
-    torch.manual_seed(2)
-    config = transformers.GPT2Config(vocab_size=40, n_embd=16, n_layer=2, n_head=HEADS, n_positions=16)
-    config._attn_implementation = "eager"
-    return transformers.GPT2LMHeadModel(config).double().eval()
+    return lm64("gpt2")
 
 
 def _inputs() -> tuple[torch.Tensor, torch.Tensor]:
