@@ -31,6 +31,7 @@ __all__ = [
     "layer_norm_rule",
     "norm_rule",
     "register_rules",
+    "rms_norm_gain",
     "rms_norm_rule",
     "scaled_attention_inputs",
     "sites",
@@ -128,7 +129,36 @@ def norm_rule(norm: nn.Module, x: torch.Tensor) -> Callable[[torch.Tensor], torc
     eps = float(getattr(norm, "variance_epsilon", getattr(norm, "eps", 1e-6)))
     if weight is None:
         raise TypeError(f"the LN-rule needs an nn.LayerNorm or an RMSNorm with a `weight`; got {type(norm).__name__}")
-    return rms_norm_rule(x, weight, eps)
+    return rms_norm_rule(x, rms_norm_gain(norm, weight, eps), eps)
+
+
+def rms_norm_gain(norm: nn.Module, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """The per-channel gain an RMSNorm multiplies by: ``weight`` (Llama, Qwen2, Mistral) or ``1 + weight`` (Gemma).
+
+    Read from the module itself: its output for an input of ones is ``gain / sqrt(1 + eps)``.
+
+    Raises:
+        ValueError: the output fits neither convention (a norm this rule does not know).
+
+    Example:
+        >>> class OffsetRMSNorm(torch.nn.Module):      # Gemma's convention
+        ...     def __init__(self):
+        ...         super().__init__(); self.weight, self.eps = torch.nn.Parameter(torch.zeros(2)), 1e-6
+        ...     def forward(self, x):
+        ...         return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps) * (1 + self.weight)
+        >>> rms_norm_gain(OffsetRMSNorm(), torch.zeros(2), 1e-6)
+        tensor([1., 1.])
+    """
+    with torch.no_grad():
+        ones = torch.ones(1, weight.shape[-1], dtype=weight.dtype, device=weight.device)
+        probe = norm.forward(ones).reshape(-1).to(weight.dtype) * (1 + eps) ** 0.5
+    gain = min((weight, 1 + weight), key=lambda g: float((probe - g).abs().max()))  # the closer convention
+    if torch.allclose(probe, gain, rtol=1e-3, atol=1e-5):
+        return gain
+    raise ValueError(
+        f"{type(norm).__name__} multiplies by neither its `weight` nor `1 + weight` (its output for ones is "
+        f"{probe[:3].tolist()}..., its weight {weight[:3].tolist()}...): the norm rule does not know this RMSNorm"
+    )
 
 
 # -- which modules get which rule ----------------------------------------------------------------------------------
