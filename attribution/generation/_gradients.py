@@ -20,11 +20,12 @@ from .._run import HookedRun, hook_site
 
 
 def hidden_gradients(
-    unembedding: nn.Module, hidden: torch.Tensor, tokens: torch.Tensor, softcap: float | None
+    unembedding: nn.Module, hidden: torch.Tensor, tokens: torch.Tensor, softcap: float | None, log_prob: bool = True
 ) -> torch.Tensor:
     """``(k, N, d)`` the gradient of ``log_softmax(unembedding(h))[token]`` at each ``h`` of ``hidden`` ``(k, N, d)``.
 
     ``softcap``: Gemma 2's ``final_logit_softcapping`` (logits ``c * tanh(logits / c)``), or ``None``.
+    ``log_prob=False``: the gradient of the (soft-capped) logit ``unembedding(h)[token]`` itself (AttnLRP's target).
 
     Example:
         >>> head = nn.Linear(4, 6)
@@ -33,11 +34,15 @@ def hidden_gradients(
         >>> lp = head(x).log_softmax(-1)[0, torch.arange(3), tokens]
         >>> bool(torch.allclose(hidden_gradients(head, h, tokens, None), torch.autograd.grad(lp.sum(), x)[0]))
         True
+        >>> bool(torch.equal(hidden_gradients(head, h, tokens, None, log_prob=False)[0], head.weight[tokens]))
+        True
     """
     h = hidden.detach()
     if isinstance(unembedding, nn.Linear) and softcap is None:
         with torch.no_grad():
             W = unembedding.weight
+            if not log_prob:
+                return W[tokens].to(h.dtype).expand(len(h), -1, -1)
             probs = torch.nn.functional.linear(h, W, unembedding.bias).softmax(-1)
             return W[tokens] - probs @ W
     with torch.enable_grad():
@@ -45,24 +50,8 @@ def hidden_gradients(
         logits = unembedding(x)
         if softcap is not None:
             logits = softcap * torch.tanh(logits / softcap)
-        picked = logits.log_softmax(-1).gather(-1, tokens.expand(len(x), -1)[..., None])
-        return torch.autograd.grad(picked.sum(), x)[0]
-
-
-def logit_gradients(unembedding: nn.Module, hidden: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
-    """``(k, N, d)`` the gradient of ``unembedding(h)[token]`` at each ``h`` of ``hidden`` ``(k, N, d)``.
-
-    Example:
-        >>> head = nn.Linear(4, 6)
-        >>> bool(torch.equal(logit_gradients(head, torch.randn(1, 2, 4), torch.tensor([5, 1]))[0], head.weight[[5, 1]]))
-        True
-    """
-    h = hidden.detach()
-    if isinstance(unembedding, nn.Linear):
-        return unembedding.weight.detach()[tokens].to(h.dtype).expand(len(h), -1, -1)
-    with torch.enable_grad():
-        x = h.requires_grad_(True)
-        picked = unembedding(x).gather(-1, tokens.expand(len(x), -1)[..., None])
+        scores = logits.log_softmax(-1) if log_prob else logits
+        picked = scores.gather(-1, tokens.expand(len(x), -1)[..., None])
         return torch.autograd.grad(picked.sum(), x)[0]
 
 

@@ -20,7 +20,7 @@ from torch import nn
 from .._run import kept_state
 from ..lens._inputs import token_ids
 from ..lrp._transformer import register_rules, sites
-from ._gradients import TeacherForced, batched_backward, hidden_gradients, logit_gradients
+from ._gradients import TeacherForced, batched_backward, hidden_gradients
 from .result import GenerationAttribution
 
 Method = Literal["saliency", "input_x_gradient", "integrated_gradients", "attnlrp"]
@@ -191,10 +191,8 @@ def _one(
             out = _integrated(run, ids, *ends, generated, positions, target_batch, steps, softcap)
         else:
             x, leaf, hidden = run.forward(ids)
-            if method == "attnlrp":
-                grads = logit_gradients(unembedding, hidden[:, positions], generated)
-            else:
-                grads = hidden_gradients(unembedding, hidden[:, positions], generated, softcap)  # (1, N, d)
+            log_prob = method != "attnlrp"  # AttnLRP explains the logit, LRP's conserved quantity
+            grads = hidden_gradients(unembedding, hidden[:, positions], generated, softcap, log_prob)  # (1, N, d)
             out = torch.cat([
                 batched_backward(hidden, leaf, grads[:, rows].transpose(0, 1), positions[rows],
                                  retain=rows.stop < N)[:, 0]
