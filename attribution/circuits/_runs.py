@@ -14,8 +14,7 @@ from torch import nn
 
 from .._inputs import batch_size
 from .._run import HookedRun
-from ..lrp._transformer import Sites
-from ..patching._relp import register_relp
+from ..lrp._transformer import Sites, register_rules
 from ..patching._sweep import checked_metric, take_rows
 from ..patching.attribution import Tap
 from ._math import head_writes, reader_inputs, split_readers, wide
@@ -135,7 +134,7 @@ def gradient_run(
             return lambda layer, x: tap((kind, layer, kind), x)
 
         if rules is not None:  # before the taps: a reader's gradient is the rules' from above it
-            register_relp(run.group, rules)
+            register_rules(run.group, rules)
         writers = _Writers(model, graph, deltas, into=deltas) if deltas is not None else None
         keep = lambda layer, x: attn_x.append(x.detach())  # noqa: E731
         hook_graph(run.group, graph, embed=start, attn_input=keep, projection=projection, mlp_input=site("mlp"),

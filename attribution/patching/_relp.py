@@ -22,9 +22,7 @@ from typing import Any, Literal, get_args
 
 from torch import nn
 
-from hooks import HookGroup
-
-from ..lrp._transformer import Sites, register_rules, sites
+from ..lrp._transformer import Sites, sites
 
 Rules = Literal["gradient", "relp"]
 """``"gradient"``: attribution patching's plain backward; ``"relp"``: RelP's rules."""
@@ -55,12 +53,3 @@ def relp_sites(model: nn.Module, rules: Any) -> Sites | None:
             f"from get_input_embeddings(). In {type(model).__name__}: {exc}"
         ) from None
     return replace(found, scaled={}, attention_inputs={})  # RelP leaves attention to its gradient
-
-
-def register_relp(group: HookGroup, where: Sites) -> None:
-    """Put RelP's rules on ``group`` as forward hooks on ``where``'s modules (register them before any tap).
-
-    These are AttnLRP's hooks (:func:`attribution.lrp._transformer.register_rules`) on the sites
-    :func:`relp_sites` keeps: nothing on the attention.
-    """
-    register_rules(group, where)

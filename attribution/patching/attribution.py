@@ -25,8 +25,8 @@ from .._inputs import batch_size
 from .._maps import at_least_float32 as wide
 from .._progress import progress as progress_bar
 from .._run import Element, HookedRun, SiteTypeError, hook_site, no_dependence, reentrant_checkpoint, warn
-from ..lrp._transformer import Sites
-from ._relp import Rules, register_relp, relp_sites
+from ..lrp._transformer import Sites, register_rules
+from ._relp import Rules, relp_sites
 from ._sweep import (
     DEFAULT_HEAD_PATTERN,
     Cells,
@@ -271,7 +271,7 @@ def _gradient_run(
             return new
 
         if taps.rules is not None:  # before the taps: a tapped site's gradient is the rules' from above it
-            register_relp(run.group, taps.rules)
+            register_rules(run.group, taps.rules)  # RelP's sites: relp_sites keeps no attention rule
         hook_site(run.group, names, taps.site, taps.element, tap)
         value = taps.cells.metric(taps.metric, run.forward(inputs), batch)
         order = [(name, i) for name in names for i in range(len(leaves[name]))]
