@@ -70,7 +70,8 @@ def kept_state(model: nn.Module) -> Iterator[None]:
     """
     modules = list(model.modules())
     flags = [m.training for m in modules]
-    params = [(p, p.requires_grad, p.grad) for p in model.parameters()]
+    # by (module, name), not by object: accelerate swaps an offloaded module's parameter objects at each forward
+    params = [(m, n, p.requires_grad, p.grad) for m in modules for n, p in m.named_parameters(recurse=False)]
     grad_mode = torch.is_grad_enabled()
     try:
         with ExitStack() as stack:
@@ -83,7 +84,8 @@ def kept_state(model: nn.Module) -> Iterator[None]:
         for module, flag in zip(modules, flags, strict=True):
             if module.training != flag:
                 module.training = flag
-        for p, requires_grad, grad in params:
+        for module, name, requires_grad, grad in params:
+            p = getattr(module, name)
             if p.requires_grad != requires_grad:
                 p.requires_grad_(requires_grad)
             if p.grad is not grad:

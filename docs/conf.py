@@ -61,10 +61,6 @@ nitpick_ignore = [
     ("py:class", "Site"),
     ("py:class", "Element"),
     ("py:class", "Threads"),
-    # the private record (module name, kind, switch) that find_attention returns for each attention site
-    ("py:class", "attribution.rollout._sites.AttentionSite"),
-    # what attribution.lens.lm_layout returns (the layout lives in the private attribution._lm)
-    ("py:class", "attribution._lm.LMLayout"),
     # how hooks.flatten rebuilds a value (private; specs are only compared and passed back)
     ("py:class", "hooks._tree.Spec"),
     # the private per-layer record of a circuits graph (module names of one decoder layer)

@@ -22,7 +22,8 @@ from torch import nn
 from hooks import HookGroup
 
 from .._run import hook_site
-from .graph import Graph, bias, out_in
+from ..models import linear
+from .graph import Graph
 
 Site = Callable[[int, torch.Tensor], "torch.Tensor | None"]
 Projection = Callable[[int, str, torch.Tensor], "torch.Tensor | None"]
@@ -80,11 +81,9 @@ def reader_weights(model: nn.Module, graph: Graph, layer: int) -> tuple[torch.Te
     """A layer's attention readers' weight slices ``(readers, d_head, d_model)`` and biases ``(readers, d_head)``."""
     spec = graph.layers[layer]
     names = [spec.qkv] if spec.qkv is not None else [spec.q, spec.k, spec.v]
-    modules = [model.get_submodule(name) for name in names if name is not None]
-    weight = torch.cat([out_in(m) for m in modules]).detach()
-    biases = [bias(m) for m in modules]
-    full = torch.cat([torch.zeros(len(out_in(m)), dtype=weight.dtype, device=weight.device) if b is None
-                      else b.detach() for m, b in zip(modules, biases, strict=True)])  # fmt: skip
+    parts = [linear(model.get_submodule(name)) for name in names if name is not None]
+    weight = torch.cat([w for w, _ in parts])
+    full = torch.cat([torch.zeros(len(w), dtype=w.dtype, device=w.device) if b is None else b for w, b in parts])
     rows = graph.attention_readers * graph.d_head
     if len(weight) != rows:
         raise ValueError(
@@ -96,7 +95,7 @@ def reader_weights(model: nn.Module, graph: Graph, layer: int) -> tuple[torch.Te
 
 def head_weights(model: nn.Module, graph: Graph, layer: int) -> torch.Tensor:
     """The attention output projection's weight as ``(d_model, heads * d_head)``."""
-    weight = out_in(model.get_submodule(graph.layers[layer].o)).detach()
+    weight, _ = linear(model.get_submodule(graph.layers[layer].o))
     if weight.shape[1] != graph.n_heads * graph.d_head:
         raise ValueError(
             f"the attention output projection of layer {layer} takes {weight.shape[1]} features, not "

@@ -20,7 +20,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from .._lm import LayerLayout, lm_layout
+from ..models import LayerLayout, lm_layout
 
 
 @dataclass(frozen=True)
@@ -153,7 +153,7 @@ def read_graph(model: nn.Module, **names: Any) -> Graph:
     layers = tuple(_layer(model, spec) for spec in layout.layers)
     graph = Graph(layers, layout.final_norm, layout.n_heads, layout.n_kv_heads, layout.head_dim)
     for spec in layers:
-        width = out_in(model.get_submodule(spec.o)).shape[1]
+        width = _in_features(model.get_submodule(spec.o))
         if width != graph.n_heads * graph.d_head:
             raise ValueError(
                 f"the attention output projection {spec.o!r} takes {width} features, not {graph.n_heads} heads x "
@@ -180,15 +180,9 @@ def _layer(model: nn.Module, spec: LayerLayout) -> Layer:
     return Layer(spec.module, spec.attn_norm, a.out_proj, spec.mlp_norm, spec.mlp, a.q, a.k, a.v, a.qkv)  # type: ignore[arg-type]
 
 
-def out_in(module: nn.Module) -> torch.Tensor:
-    """The weight of a linear layer as ``(out_features, in_features)`` (``nn.Linear``, or GPT-2's ``Conv1D``)."""
+def _in_features(module: nn.Module) -> int:
+    """The input width of a linear layer (``nn.Linear``, or GPT-2's ``Conv1D``), from its weight's shape alone."""
     weight = getattr(module, "weight", None)
     if not isinstance(weight, torch.Tensor) or weight.dim() != 2:
         raise ValueError(f"{type(module).__name__} is not a linear layer with a 2-D weight")
-    return weight.t() if type(module).__name__ == "Conv1D" else weight
-
-
-def bias(module: nn.Module) -> torch.Tensor | None:
-    """The bias of a linear layer, or ``None``."""
-    value = getattr(module, "bias", None)
-    return value if isinstance(value, torch.Tensor) else None
+    return int(weight.shape[0] if type(module).__name__ == "Conv1D" else weight.shape[1])

@@ -17,6 +17,7 @@ import torch
 from torch import nn
 
 from .._run import HookedRun, hook_site
+from ..models import linear
 
 
 def hidden_gradients(
@@ -40,10 +41,10 @@ def hidden_gradients(
     h = hidden.detach()
     if isinstance(unembedding, nn.Linear) and softcap is None:
         with torch.no_grad():
-            W = unembedding.weight
+            W, b = linear(unembedding, device=h.device)  # real also where accelerate offloaded the head
             if not log_prob:
                 return W[tokens].to(h.dtype).expand(len(h), -1, -1)
-            probs = torch.nn.functional.linear(h, W, unembedding.bias).softmax(-1)
+            probs = torch.nn.functional.linear(h, W, b).softmax(-1)
             return W[tokens] - probs @ W
     with torch.enable_grad():
         x = h.requires_grad_(True)

@@ -20,6 +20,7 @@ from torch import nn
 from .._run import kept_state
 from ..lens._inputs import token_ids
 from ..lrp._transformer import register_rules, sites
+from ..models import logit_softcap
 from ._gradients import TeacherForced, batched_backward, hidden_gradients
 from .result import GenerationAttribution
 
@@ -91,7 +92,7 @@ def attribute_generation(
     vocab = int(embedding.num_embeddings)
     if isinstance(baseline_token, bool) or not isinstance(baseline_token, int) or not 0 <= baseline_token < vocab:
         raise ValueError(f"`baseline_token` must be a token id in [0, {vocab}); got {baseline_token!r}")
-    softcap = getattr(getattr(model, "config", None), "final_logit_softcapping", None)
+    softcap = logit_softcap(model)
     rows = [
         _one(model, embedding, unembedding, softcap, p, g, method, target_batch, steps, baseline_token)
         for p, g in zip(prompts, continuations, strict=True)

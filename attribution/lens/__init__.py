@@ -5,7 +5,7 @@ Qwen2/3, Mistral, Gemma, Phi, GPT-2, GPT-NeoX, by :func:`lm_layout`); ``layout=l
 names them for other models.
 """
 
-from .._lm import LMLayout, lm_layout
+from ..models import LMLayout, lm_layout
 from .dla import DirectLogitAttribution, direct_logit_attribution
 from .logit_lens import logit_lens, top_tokens
 from .plot import plot_direct_logit_attribution, plot_logit_lens

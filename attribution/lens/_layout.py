@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from torch import nn
 
-from .._lm import LMLayout, lm_layout
+from ..models import LMLayout, lm_layout
 
 
 def layout_of(model: nn.Module, layout: LMLayout | None, *, unembedding: bool = True) -> LMLayout:

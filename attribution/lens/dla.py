@@ -17,8 +17,8 @@ from typing import Any, Literal
 import torch
 from torch import nn
 
-from .._lm import LMLayout, NormAffine, norm_affine
 from .._run import HookedRun, hook_site
+from ..models import LMLayout, NormAffine, linear, norm_affine
 from ._inputs import direction_matrix, token_ids, vocab_size
 from ._layout import layout_of
 
@@ -96,7 +96,7 @@ def direct_logit_attribution(
             "(Gemma 2/3): they are not linear writers of it, so direct logit attribution does not apply"
         )
     where = _positions(positions, ids.shape[1])
-    directions = direction_matrix(direction, vocab_size(model), len(ids))
+    directions = direction_matrix(direction, vocab_size(model), len(ids)).cpu()
     W_U, b_U = _affine(model.get_submodule(str(layout.unembed)), str(layout.unembed), "unembedding")
     if W_U.shape[0] != directions.shape[1]:
         raise ValueError(f"`direction` has size {directions.shape[1]}, the unembedding {W_U.shape[0]} outputs")
@@ -134,7 +134,7 @@ def _run(model: nn.Module, ids: torch.Tensor, layout: LMLayout, where: list[int]
 
     def keep(key: str) -> Any:
         def fn(tensor: torch.Tensor, name: str, call: int) -> None:
-            seen[name if key == "site" else key] = tensor[:, where].detach()
+            seen[name if key == "site" else key] = tensor[:, where].detach().cpu()  # layers may be on several devices
 
         return fn
 
@@ -192,12 +192,9 @@ def per_head(z: torch.Tensor, W_O: torch.Tensor, heads: int) -> torch.Tensor:
 
 
 def _affine(module: nn.Module, name: str, what: str) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """``(W, b)`` with ``W`` as ``(out, in)`` of an ``nn.Linear`` or a HuggingFace ``Conv1D`` (GPT-2)."""
-    weight, bias = getattr(module, "weight", None), getattr(module, "bias", None)
-    if isinstance(module, nn.Linear) and isinstance(weight, torch.Tensor):
-        return weight.detach(), None if bias is None else bias.detach()
-    if type(module).__name__ == "Conv1D" and isinstance(weight, torch.Tensor):
-        return weight.detach().T, None if bias is None else bias.detach()
+    """``(W, b)`` with ``W`` as ``(out, in)`` of an ``nn.Linear`` or a HuggingFace ``Conv1D`` (GPT-2), on the CPU."""
+    if isinstance(module, nn.Linear) or type(module).__name__ == "Conv1D":
+        return linear(module, device=torch.device("cpu"))
     raise ValueError(f"the {what} {name!r} is a {type(module).__name__}: direct logit attribution reads the weight of "
                      "an nn.Linear or a Conv1D")  # fmt: skip
 

@@ -12,8 +12,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from .._lm import LMLayout
 from .._run import HookedRun, select
+from ..models import LMLayout
 from ._inputs import token_ids
 from ._layout import layout_of
 

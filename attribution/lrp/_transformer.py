@@ -23,6 +23,8 @@ from torch import nn
 
 from hooks import HookGroup
 
+from ..models import LMLayout, lm_layout, norm_eps, rms_norm_gain, weight
+
 __all__ = [
     "Replace",
     "Scale",
@@ -31,7 +33,6 @@ __all__ = [
     "layer_norm_rule",
     "norm_rule",
     "register_rules",
-    "rms_norm_gain",
     "rms_norm_rule",
     "scaled_attention_inputs",
     "sites",
@@ -122,43 +123,13 @@ def norm_rule(norm: nn.Module, x: torch.Tensor) -> Callable[[torch.Tensor], torc
         >>> norm_rule(torch.nn.LayerNorm(2), torch.tensor([[1.0, 3.0]]))(torch.tensor([[1.0, 0.0]]))
         tensor([[ 0.5000, -0.5000]])
     """
-    weight = getattr(norm, "weight", None)
-    weight = weight.detach() if isinstance(weight, torch.Tensor) else None
+    gain = weight(norm, device=x.device)
     if isinstance(norm, nn.LayerNorm):
-        return layer_norm_rule(x, weight, float(norm.eps))
-    eps = float(getattr(norm, "variance_epsilon", getattr(norm, "eps", 1e-6)))
-    if weight is None:
+        return layer_norm_rule(x, gain, float(norm.eps))
+    eps = norm_eps(norm)
+    if gain is None:
         raise TypeError(f"the LN-rule needs an nn.LayerNorm or an RMSNorm with a `weight`; got {type(norm).__name__}")
-    return rms_norm_rule(x, rms_norm_gain(norm, weight, eps), eps)
-
-
-def rms_norm_gain(norm: nn.Module, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """The per-channel gain an RMSNorm multiplies by: ``weight`` (Llama, Qwen2, Mistral) or ``1 + weight`` (Gemma).
-
-    Read from the module itself: its output for an input of ones is ``gain / sqrt(1 + eps)``.
-
-    Raises:
-        ValueError: the output fits neither convention (a norm this rule does not know).
-
-    Example:
-        >>> class OffsetRMSNorm(torch.nn.Module):      # Gemma's convention
-        ...     def __init__(self):
-        ...         super().__init__(); self.weight, self.eps = torch.nn.Parameter(torch.zeros(2)), 1e-6
-        ...     def forward(self, x):
-        ...         return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps) * (1 + self.weight)
-        >>> rms_norm_gain(OffsetRMSNorm(), torch.zeros(2), 1e-6)
-        tensor([1., 1.])
-    """
-    with torch.no_grad():
-        ones = torch.ones(1, weight.shape[-1], dtype=weight.dtype, device=weight.device)
-        probe = norm.forward(ones).reshape(-1).to(weight.dtype) * (1 + eps) ** 0.5
-    gain = min((weight, 1 + weight), key=lambda g: float((probe - g).abs().max()))  # the closer convention
-    if torch.allclose(probe, gain, rtol=1e-3, atol=1e-5):
-        return gain
-    raise ValueError(
-        f"{type(norm).__name__} multiplies by neither its `weight` nor `1 + weight` (its output for ones is "
-        f"{probe[:3].tolist()}..., its weight {weight[:3].tolist()}...): the norm rule does not know this RMSNorm"
-    )
+    return rms_norm_rule(x, rms_norm_gain(norm, gain, eps), eps)
 
 
 # -- which modules get which rule ----------------------------------------------------------------------------------
@@ -178,49 +149,48 @@ class Sites:
     """ViTs: the module whose first input is the token sequence (class token and position embedding added)."""
 
 
-def _is_rms_norm(module: nn.Module) -> bool:
-    return type(module).__name__.endswith("RMSNorm") and isinstance(getattr(module, "weight", None), torch.Tensor)
+def sites(model: nn.Module, layout: LMLayout | None = None) -> Sites:
+    """Where the rules go in a decoder LM, from its :func:`attribution.models.lm_layout`; raises for a part it lacks.
 
-
-def sites(model: nn.Module) -> Sites:
-    """Where the rules go in a HuggingFace decoder LM (Llama/Qwen2/Mistral style, or GPT-2); raises otherwise."""
-    getter = getattr(model, "get_input_embeddings", None)
-    embeddings = getter() if callable(getter) else None
-    names = {id(m): n for n, m in model.named_modules()}
-    if not isinstance(embeddings, nn.Module) or id(embeddings) not in names:
+    Per layer: the query/key/value projections (separate, or fused in blocks or per head) get their output's gradient
+    scaled 0.25/0.25/0.5; a gated MLP's down projection half its input's gradient; the MLP's activation module the
+    identity rule. Every LayerNorm and RMSNorm of the model gets the norm rule.
+    """
+    if layout is None and not callable(getattr(model, "get_input_embeddings", None)):
         raise TypeError(
-            f"AttnLRP needs a HuggingFace language model with get_input_embeddings(); got {type(model).__name__}"
+            f"the rules need a HuggingFace language model with get_input_embeddings(); got {type(model).__name__}"
         )
-    found = Sites(names[id(embeddings)], {}, [], [], [], [])
-    for name, module in model.named_modules():
-        prefix = f"{name}." if name else ""
-        if all(isinstance(getattr(module, p, None), nn.Module) for p in ("q_proj", "k_proj", "v_proj")):
-            found.scaled.update({prefix + "q_proj": 0.25, prefix + "k_proj": 0.25, prefix + "v_proj": 0.5})
-        elif isinstance(getattr(module, "c_attn", None), nn.Module) and hasattr(module, "split_size"):
-            if getattr(module, "is_cross_attention", False):
-                continue
-            split = int(module.split_size)
-            found.scaled[prefix + "c_attn"] = torch.tensor([0.25] * split + [0.25] * split + [0.5] * split)
-        if all(isinstance(getattr(module, p, None), nn.Module) for p in ("gate_proj", "up_proj", "down_proj")):
-            found.halved_inputs.append(prefix + "down_proj")
-            found.activations.append(prefix + "act_fn")
-        elif isinstance(getattr(module, "c_fc", None), nn.Module) and isinstance(
-            getattr(module, "act", None), nn.Module
-        ):
-            found.activations.append(prefix + "act")
-        if _is_rms_norm(module):
-            found.rms_norms.append(name)
-        elif isinstance(module, nn.LayerNorm):
-            found.layer_norms.append(name)
-    if not found.scaled:
-        raise ValueError(
-            f"AttnLRP found no attention it knows in {type(model).__name__}: it handles HuggingFace decoders whose "
-            "attention has q_proj, k_proj and v_proj (Llama, Qwen2, Mistral, ...) or GPT-2's c_attn"
-        )
-    missing = [n for n in found.activations if not isinstance(model.get_submodule(n), nn.Module)]
-    if missing:
-        raise ValueError(f"AttnLRP needs the MLP activations as modules; {missing} are not")
+    layout = layout or lm_layout(model)
+    found = Sites(layout.embed, {}, [], [], [], [])
+    for layer in layout.layers:
+        attention, mlp = layer.attention, layer.mlp_parts
+        if attention.qkv_order == "per_head":
+            raise ValueError(
+                f"{attention.qkv!r} fuses query, key and value per head (GPT-NeoX): the rules are known on separate "
+                "q/k/v projections and on projections fused in blocks (GPT-2's c_attn) only"
+            )
+        if attention.qkv is not None:
+            found.scaled[attention.qkv] = _fused_factors(layout)
+        else:
+            found.scaled.update({str(attention.q): 0.25, str(attention.k): 0.25, str(attention.v): 0.5})
+        if mlp is None or mlp.act is None:
+            raise ValueError(
+                f"found no MLP activation module in {layer.mlp!r} (looked for gate/up/down projections or fc/proj "
+                "with an activation module: act_fn, act, activation_fn): the identity rule needs it as a module; pass "
+                "`children={'act': '<name inside the MLP>'}` to attribution.models.lm_layout"
+            )
+        if mlp.kind == "gated":
+            found.halved_inputs.append(mlp.down)
+        found.activations.append(mlp.act)
+    for name, kind in layout.norms:
+        (found.rms_norms if kind == "rms" else found.layer_norms).append(name)
     return found
+
+
+def _fused_factors(layout: LMLayout) -> torch.Tensor:
+    """The per-feature factors of a q|k|v projection fused in blocks (GPT-2): 0.25 on q and k, 0.5 on v."""
+    d = layout.head_dim
+    return torch.tensor([0.25] * (layout.n_heads + layout.n_kv_heads) * d + [0.5] * layout.n_kv_heads * d)
 
 
 def register_rules(group: HookGroup, where: Sites) -> None:

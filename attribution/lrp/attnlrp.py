@@ -30,9 +30,10 @@ from torch import nn
 
 from .. import _maps
 from .._run import HookedRun, no_dependence, warn
+from ..models import is_vit
 from ..targets import Target, check_target, class_indices, class_logits, target_scores
 from ._transformer import Sites, register_rules, sites
-from ._vit import is_vit, vit_sites
+from ._vit import vit_sites
 
 __all__ = ["AttnLRP", "PatchRelevance", "TokenRelevance"]
 

@@ -19,8 +19,8 @@ from torch import nn
 from hooks import ModuleTarget, flatten, map_tensors, resolve
 
 from .._inputs import batch_size, batched
-from .._lm import check_heads
 from .._run import Element, HookedRun, did_not_run, eager_module
+from ..models import check_heads
 from .result import PatchingResult, labelled
 from .sites import Index, Recorded, Site, record
 
@@ -255,7 +255,7 @@ class Cells:
         """The cells in row-major order and the result's shape.
 
         Checks positions and heads against ``acts``, and ``heads`` against a language model's config where the
-        sites are its attention projections (:func:`attribution._lm.check_heads`: on GQA, query and key/value
+        sites are its attention projections (:func:`attribution.models.check_heads`: on GQA, query and key/value
         heads differ, and a wrong count that happens to divide the activation would slice it silently wrong).
         """
         if self.heads is not None:

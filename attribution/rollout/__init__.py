@@ -4,8 +4,8 @@ The arithmetic is in pure functions of attention maps ``(batch, heads, tokens, t
 attention probabilities in a model, switch on what is needed to see them for one call, and put everything back.
 """
 
+from ..models import find_attention
 from ._math import attention_rollout, discard_lowest, fuse_heads, gradient_rollout
-from ._sites import find_attention
 from .explainers import AttentionRollout, GradientRollout
 
 __all__ = [

@@ -16,9 +16,10 @@ from .. import _maps
 from .._diagnose import ZERO_HEAD, items, output_ignores_input
 from .._inputs import batch_size, batched
 from .._run import HookedRun, SiteValueError, eager_module, no_dependence, warn
+from ..models import attention_visible, find_attention
 from ..targets import Target, check_target, target_scores
 from ._math import Fusion, attention_rollout, check_options, gradient_rollout
-from ._sites import MHA_ARGUMENTS, attention_visible, check_global, check_self_attention, find_attention, probabilities
+from ._sites import MHA_ARGUMENTS, check_global, check_self_attention, probabilities
 
 
 class _Rollout:

@@ -6,7 +6,7 @@ import pytest
 import torch
 from torch import nn
 
-from attribution._lm import lm_layout, norm_affine
+from attribution.models import lm_layout, norm_affine
 
 transformers = pytest.importorskip("transformers")
 

@@ -321,7 +321,7 @@ def test_relp_refuses_a_model_without_attention() -> None:
             return self.out(self.embed(ids))
 
     ids = torch.tensor([[1, 2, 3]])
-    with pytest.raises(ValueError, match=r"`rules='relp'`.*In Embedder: .*q_proj, k_proj and v_proj"):
+    with pytest.raises(ValueError, match=r"`rules='relp'`.*In Embedder: could not find the decoder layers"):
         attribution_patching(Embedder(), ids, ids + 1, ["out"], lambda out: out.sum(), rules="relp", progress=False)
 
 

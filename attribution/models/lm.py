@@ -1,23 +1,26 @@
-"""Where things are in a decoder-only language model: layers, heads, projections, final norm, unembedding.
+"""Where things are in a decoder-only language model: layers, heads, projections, MLP neurons, norms, unembedding.
 
 :func:`lm_layout` reads a HuggingFace causal LM (Llama, Qwen2/3, Mistral, Gemma, Phi, GPT-2, GPT-NeoX and
 models named like them) from its config and its module names, and returns an :class:`LMLayout` of qualified module
-names that the lens, circuit and generation methods hook. Anything it cannot find is named in the error together
-with the keyword that passes it explicitly. :func:`norm_affine` reads a norm module as ``gain * centre(x) / scale +
-shift`` and checks that reading against the module itself, so that a frozen-scale linearisation is never silently
-wrong for a norm of an unknown kind.
+names that every language-model method hooks (the lens, circuits, generation, AttnLRP and RelP's rules, the sweeps'
+``heads=`` check). Anything it cannot find is named in the error together with the keyword that passes it
+explicitly. It reads names and the config only, never a weight, so it works on a model whose weights accelerate
+offloaded.
 """
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Literal
 
-import torch
 from torch import nn
 
+from .norms import NormKind, norm_kind
+
 QKVOrder = Literal["separate", "blocks", "per_head"]
+MLPKind = Literal["gated", "plain"]
 
 _LAYER_LISTS = ("model.layers", "transformer.h", "gpt_neox.layers", "model.decoder.layers", "transformer.layers")
 _CHILDREN: dict[str, tuple[str, ...]] = {
@@ -30,7 +33,14 @@ _CHILDREN: dict[str, tuple[str, ...]] = {
     "mlp": ("mlp", "feed_forward", "block_sparse_moe"),
     "attn_norm": ("input_layernorm", "ln_1", "attention_norm", "ln_attn"),
     "mlp_norm": ("pre_feedforward_layernorm", "post_attention_layernorm", "ln_2", "ffn_norm", "ln_mlp"),
+    "gate": ("gate_proj",),
+    "up": ("up_proj",),
+    "down": ("down_proj",),
+    "fc": ("c_fc", "fc1", "dense_h_to_4h", "fc_in"),
+    "proj": ("c_proj", "fc2", "dense_4h_to_h", "fc_out"),
+    "act": ("act_fn", "act", "activation_fn", "activation"),
 }
+_MLP_KEYS = ("gate", "up", "down", "fc", "proj", "act")
 _FINAL_NORMS = ("norm", "ln_f", "final_layer_norm", "final_layernorm", "norm_f")
 _PARALLEL_TYPES = ("phi", "gptj", "falcon", "cohere")
 
@@ -54,6 +64,31 @@ class AttentionLayout:
 
 
 @dataclass(frozen=True)
+class MLPLayout:
+    """Qualified names of one MLP's parts.
+
+    ``"gated"``: ``down(act(gate(x)) * up(x))`` (Llama, Qwen2, Mistral, Gemma); ``"plain"``: ``down(act(up(x)))``
+    (GPT-2's ``c_fc``/``c_proj``, Phi's ``fc1``/``fc2``, GPT-NeoX's ``dense_h_to_4h``/``dense_4h_to_h``). ``act`` is the
+    activation module (``None`` where the MLP applies a function that is not a module).
+    """
+
+    module: str
+    kind: MLPKind
+    up: str
+    down: str
+    act: str | None
+    gate: str | None = None
+
+    @property
+    def neurons(self) -> str:
+        """The module whose input holds the MLP's neuron activations (``act(gate) * up``, or ``act(fc)``).
+
+        A neuron's write to the residual stream is its activation times that module's column.
+        """
+        return self.down
+
+
+@dataclass(frozen=True)
 class LayerLayout:
     """One decoder layer: its module, attention, MLP and the norms in front of them.
 
@@ -70,6 +105,8 @@ class LayerLayout:
     mlp_norm: str | None
     parallel: bool = False
     sandwich: bool = False
+    mlp_parts: MLPLayout | None = None
+    """The MLP's projections and activation; ``None`` where they are not found (a mixture of experts)."""
 
 
 @dataclass(frozen=True)
@@ -85,6 +122,18 @@ class LMLayout:
     n_kv_heads: int
     head_dim: int
     hidden: int
+    norms: tuple[tuple[str, NormKind], ...] = ()
+    """Every LayerNorm and RMSNorm of the model with its kind, in model order (the layers' and the final one)."""
+    softcap: float | None = None
+    """Gemma 2's ``final_logit_softcapping`` (logits ``c * tanh(logits / c)``), else ``None``."""
+    cache_keyword: str | None = None
+    """The keyword by which the forward takes a key/value cache of a prefix (``past_key_values``, or ``cache`` in
+    recent transformers), ``None`` where it takes none."""
+
+    @property
+    def takes_past_key_values(self) -> bool:
+        """Whether the forward takes a key/value cache (under :attr:`cache_keyword`)."""
+        return self.cache_keyword is not None
 
     @property
     def group_size(self) -> int:
@@ -113,7 +162,8 @@ def lm_layout(
         embed: qualified name of the token embedding (``model.get_input_embeddings()`` when ``None``).
         children: names inside a decoder layer, relative to it, for any of the keys ``attention``, ``out_proj``,
             ``q``, ``k``, ``v``, ``qkv``, ``mlp``, ``attn_norm``, ``mlp_norm`` (``out_proj`` and ``q``... are
-            relative to the attention module).
+            relative to the attention module), ``gate``, ``up``, ``down``, ``fc``, ``proj``, ``act`` (relative to
+            the MLP).
         n_heads: query heads (from the config when ``None``).
         n_kv_heads: key/value heads (from the config when ``None``; equal to ``n_heads`` without GQA).
 
@@ -130,6 +180,8 @@ def lm_layout(
         >>> layout = lm_layout(transformers.LlamaForCausalLM(config))
         >>> layout.layers[1].attention.out_proj, layout.final_norm, layout.n_kv_heads, layout.head_dim
         ('model.layers.1.self_attn.o_proj', 'model.norm', 2, 4)
+        >>> layout.layers[0].mlp_parts.neurons, layout.takes_past_key_values
+        ('model.layers.0.mlp.down_proj', True)
     """
     modules = dict(model.named_modules())
     config = getattr(model, "config", None)
@@ -156,6 +208,9 @@ def lm_layout(
         n_kv_heads=kv,
         head_dim=head_dim,
         hidden=hidden,
+        norms=tuple((name, kind) for name, module in modules.items() if (kind := norm_kind(module)) is not None),
+        softcap=logit_softcap(model),
+        cache_keyword=cache_keyword(model),
     )
 
 
@@ -182,10 +237,11 @@ def _children(modules: dict[str, nn.Module], layer_list: str, overrides: Mapping
     for key in ("attention", "mlp", "attn_norm", "mlp_norm"):
         if key not in found and (name := _child(modules, first, _CHILDREN[key])) is not None:
             found[key] = name
-    if "attention" in found:
-        for key in ("out_proj", "q", "k", "v", "qkv"):
-            if key not in found and (name := _child(modules, f"{first}.{found['attention']}", _CHILDREN[key])):
-                found[key] = name
+    for parent, keys in (("attention", ("out_proj", "q", "k", "v", "qkv")), ("mlp", _MLP_KEYS)):
+        if parent in found:
+            for key in keys:
+                if key not in found and (name := _child(modules, f"{first}.{found[parent]}", _CHILDREN[key])):
+                    found[key] = name
     return found
 
 
@@ -226,7 +282,19 @@ def _layer(
         mlp_norm=mlp_norm if mlp_norm in modules else None,
         parallel=bool(getattr(config, "use_parallel_residual", False)) or model_type in _PARALLEL_TYPES,
         sandwich=f"{prefix}.post_feedforward_layernorm" in modules,
+        mlp_parts=_mlp(modules, f"{prefix}.{names['mlp']}", names),
     )
+
+
+def _mlp(modules: dict[str, nn.Module], mlp: str, names: Mapping[str, str]) -> MLPLayout | None:
+    """The MLP's parts: gated (gate, up, down) or plain (fc, proj), with the activation module where there is one."""
+    found = {key: f"{mlp}.{names[key]}" for key in _MLP_KEYS if key in names and f"{mlp}.{names[key]}" in modules}
+    act = found.get("act")
+    if all(key in found for key in ("gate", "up", "down")):
+        return MLPLayout(mlp, "gated", found["up"], found["down"], act, gate=found["gate"])
+    if "fc" in found and "proj" in found:
+        return MLPLayout(mlp, "plain", found["fc"], found["proj"], act)
+    return None
 
 
 def _qkv_order(name: str) -> QKVOrder:
@@ -301,74 +369,32 @@ def _config_int(config: object, keys: tuple[str, ...], keyword: str | None) -> i
     )
 
 
+def cache_keyword(model: nn.Module) -> str | None:
+    """The keyword of ``model``'s forward for a key/value cache: ``"past_key_values"``, ``"cache"`` or ``None``.
+
+    Read from the class's ``forward`` (accelerate wraps the instance's).
+
+    Example:
+        >>> import torch
+        >>> cache_keyword(torch.nn.Linear(2, 2)) is None
+        True
+    """
+    parameters = inspect.signature(type(model).forward).parameters
+    return next((key for key in ("past_key_values", "cache") if key in parameters), None)
+
+
+def logit_softcap(model: nn.Module) -> float | None:
+    """Gemma 2's ``config.final_logit_softcapping`` (logits ``c * tanh(logits / c)``), else ``None``."""
+    value = getattr(getattr(model, "config", None), "final_logit_softcapping", None)
+    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
+
+
 def _embedding_dim(model: nn.Module) -> int:
     """The width of the token embedding."""
     embed = _call(model, "get_input_embeddings")
     if isinstance(embed, nn.Embedding):
         return embed.embedding_dim
     raise ValueError("could not read the hidden size from the config or the input embedding")
-
-
-@dataclass(frozen=True)
-class NormAffine:
-    """A norm read as ``gain * centre(x) / scale(x) + shift`` (``centre`` subtracts the mean for LayerNorm)."""
-
-    gain: torch.Tensor
-    shift: torch.Tensor | None
-    eps: float
-    centred: bool
-
-    def scale(self, x: torch.Tensor) -> torch.Tensor:
-        """``sqrt(mean(centre(x)^2) + eps)`` over the last axis, kept as ``(..., 1)``."""
-        c = self.centre(x)
-        return (c.pow(2).mean(-1, keepdim=True) + self.eps).sqrt()
-
-    def centre(self, x: torch.Tensor) -> torch.Tensor:
-        """``x`` minus its mean over the last axis for LayerNorm; ``x`` itself for RMSNorm."""
-        return x - x.mean(-1, keepdim=True) if self.centred else x
-
-    def frozen(self, component: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
-        """The norm's linear part applied to one component of the residual stream, at a frozen ``scale``."""
-        return self.gain * self.centre(component) / scale
-
-
-def norm_affine(norm: nn.Module, probe: torch.Tensor) -> NormAffine:
-    """Read ``norm`` as an affine map after a frozen scale, and check the reading on ``probe``.
-
-    LayerNorm and RMSNorm modules (HuggingFace's ``*RMSNorm``, with Gemma's ``1 + weight`` gain) are read from
-    their parameters; the reading must reproduce ``norm(probe)`` (to 1e-4 of its size in the probe's precision),
-    else the norm is not one we understand and a ``ValueError`` says so.
-
-    Args:
-        norm: the norm module.
-        probe: an input the norm sees, ``(..., hidden)``.
-
-    Returns:
-        The reading.
-
-    Raises:
-        ValueError: a norm of an unknown kind.
-    """
-    weight = getattr(norm, "weight", None)
-    bias = getattr(norm, "bias", None)
-    eps = getattr(norm, "eps", getattr(norm, "variance_epsilon", None))
-    hidden = probe.shape[-1]
-    ones = torch.ones(hidden, dtype=probe.dtype, device=probe.device)
-    gain = ones if weight is None else weight.detach().to(probe.dtype)
-    candidates = [NormAffine(gain, bias.detach().to(probe.dtype) if bias is not None else None, float(eps or 0), c)
-                  for c in (isinstance(norm, nn.LayerNorm), not isinstance(norm, nn.LayerNorm))]  # fmt: skip
-    if weight is not None and "gemma" in type(norm).__name__.lower():
-        candidates.insert(0, NormAffine(gain + 1, None, float(eps or 0), False))
-    with torch.no_grad():
-        expected = norm(probe).to(probe.dtype)
-        for reading in candidates:
-            got = reading.frozen(probe, reading.scale(probe)) + (0 if reading.shift is None else reading.shift)
-            if torch.allclose(got, expected, rtol=1e-4, atol=1e-4 * float(expected.abs().max().clamp_min(1e-12))):
-                return reading
-    raise ValueError(
-        f"the final norm {type(norm).__name__} is neither a LayerNorm nor an RMSNorm as far as its parameters tell "
-        "(weight, bias, eps): its scale cannot be frozen; pass the name of a LayerNorm/RMSNorm module"
-    )
 
 
 def heads_at(layout: LMLayout, name: str, site: str) -> tuple[int, str] | None:
