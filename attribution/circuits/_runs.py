@@ -13,9 +13,9 @@ import torch
 from torch import nn
 
 from .._inputs import batch_size
+from .._paired import checked_metric, take_rows
 from .._run import HookedRun
-from ..lrp._transformer import Sites, register_rules
-from ..patching._sweep import checked_metric, take_rows
+from .._transformer_rules import Sites, register_rules
 from ..patching.attribution import Tap
 from ._math import head_writes, reader_inputs, split_readers, wide
 from ._sites import head_weights, hook_graph, reader_slice, reader_weights
@@ -53,6 +53,7 @@ class _Writers:
         value = wide(value.detach())
         if self.buffer.numel() == 0:
             self.buffer = value.new_zeros(len(self.graph.writers), *value.shape[-3:])
+        value = value.to(self.buffer.device)  # the layers may sit on several devices (device_map)
         self.buffer[index] = value if self.base is None else value - self.base[index]
 
     def embed(self, layer: int, x: torch.Tensor) -> None:
@@ -263,7 +264,9 @@ def edge_runs(
             for i in chosen:
                 copies = by_reader[first + i]
                 rows = torch.cat([torch.arange(c * batch, (c + 1) * batch) for c, _ in copies])
-                lowered = torch.cat([x[c * batch : (c + 1) * batch] - deltas[w].to(x.dtype) for c, w in copies])
+                lowered = torch.cat(
+                    [x[c * batch : (c + 1) * batch] - deltas[w].to(x.device, x.dtype) for c, w in copies]
+                )
                 projected = norm(lowered) @ weight[i].T.to(output.dtype)
                 new[rows, :, i - readers.start] = projected + b[i].to(output.dtype)
             return new.flatten(-2)
@@ -275,7 +278,7 @@ def edge_runs(
                     return None
                 x = x.clone()
                 for copy, w in by_reader[reader]:
-                    x[copy * batch : (copy + 1) * batch] -= deltas[w].to(x.dtype)
+                    x[copy * batch : (copy + 1) * batch] -= deltas[w].to(x.device, x.dtype)
                 return x
 
             return fn

@@ -14,7 +14,7 @@ over ``k`` runs whose first-layer input is ``embed(corrupted) + i/k (embed(clean
 
 With ``rules="relp"`` ``g_r`` is RelP's (`Jafari et al. 2025 <https://arxiv.org/abs/2508.21258>`_): the backward of
 the same forward through LRP's rules (norm scales held constant, the identity rule on the MLP activation, the half
-rule on a gated MLP's product; see :mod:`attribution.patching._relp`), at the same cost.
+rule on a gated MLP's product; see :mod:`attribution._relp`), at the same cost.
 """
 
 from __future__ import annotations
@@ -26,11 +26,12 @@ from typing import Any
 import torch
 from torch import nn
 
+from .._paired import check_same_shapes, plain
 from .._progress import progress as progress_bar
+from .._relp import Rules, relp_sites
 from .._run import HookedRun, eager_module, warn
-from ..lrp._transformer import Sites, norm_rule
-from ..patching._relp import Rules, relp_sites
-from ..patching._sweep import check_same_shapes, plain
+from .._transformer_rules import Sites, norm_rule
+from ..models import lm_layout
 from ._math import norm_vjp, wide
 from ._runs import Gradients, gradient_run, record_run
 from ._sites import reader_weights
@@ -139,10 +140,11 @@ def edge_attribution(
     if isinstance(ig_steps, bool) or not isinstance(ig_steps, int) or ig_steps < 1:
         raise ValueError(f"`ig_steps` must be an int of at least 1 (1: EAP); got {ig_steps!r}")
     model = eager_module(model)
-    where = relp_sites(model, rules)
+    layout = lm_layout(model, **(names or {}))  # the one read of the model's structure
+    where = relp_sites(model, rules, layout)
     clean, corrupted = plain(clean, model), plain(corrupted, model)
     check_same_shapes(clean, corrupted)
-    graph = read_graph(model, **(names or {}))
+    graph = read_graph(model, layout)
     with HookedRun(model, "circuits"):  # one saved state for the whole call; each run keeps its own too
         for p in model.parameters():
             p.requires_grad_(False)
@@ -207,7 +209,7 @@ def _reader_gradients(
 
 def _contract(total: torch.Tensor, deltas: torch.Tensor, grads: torch.Tensor, first: int, upstream: list[int]) -> None:
     """Add ``deltas[:n] . grads[r]`` into ``total[:n, first + r]``, one matrix product per upstream count ``n``."""
-    flat = wide(grads).flatten(1).to(deltas.dtype)
+    flat = wide(grads).flatten(1).to(deltas.device, deltas.dtype)
     for n in sorted(set(upstream)):
         columns = [i for i, u in enumerate(upstream) if u == n]
         total[:n, first + columns[0] : first + columns[-1] + 1] += (deltas[:n].flatten(1) @ flat[columns].T).cpu()

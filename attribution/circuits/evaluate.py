@@ -19,10 +19,10 @@ from torch import nn
 from hooks import hooked_modules
 
 from .._inputs import batch_size
+from .._paired import check_same_shapes, plain, repeat_batch
 from .._progress import progress as progress_bar
+from .._replay import replaying
 from .._run import HookedRun, eager_module
-from ..patching._replay import replaying
-from ..patching._sweep import check_same_shapes, plain, repeat_batch
 from ._runs import edge_runs, patched_run, record_run
 from .circuit import Circuit
 from .edges import EdgeScores
@@ -197,7 +197,7 @@ def exact_edge_effects(
     edge keeps its clean value). ``edges_per_run`` of them go in one forward, the clean batch stacked once per edge,
     in the order of their readers; the module calls that finish before the first reader of a forward are replayed
     from the clean run instead of recomputed, where that cannot be told apart from running them (see
-    ``attribution.patching._replay``).
+    ``attribution._replay``).
 
     Args:
         model: a causal language model (see :func:`attribution.edge_attribution`).

@@ -20,7 +20,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..models import LayerLayout, lm_layout
+from ..models import LayerLayout, LMLayout, lm_layout
 
 
 @dataclass(frozen=True)
@@ -125,11 +125,12 @@ def _close(name: str, names: list[str]) -> str:
 
 
 # -- reading the graph from a model ------------------------------------------------------------------------------
-def read_graph(model: nn.Module, **names: Any) -> Graph:
+def read_graph(model: nn.Module, layout: LMLayout | None = None, **names: Any) -> Graph:
     """The graph of a HuggingFace-style decoder-only transformer, from :func:`attribution.lens.lm_layout`.
 
     Args:
         model: a causal language model (Llama, Qwen2, Mistral, Gemma, SmolLM2, GPT-2 and models named like them).
+        layout: the model's :func:`attribution.models.lm_layout`, where the caller has read it already.
         **names: explicit module names and sizes for other layouts, passed to ``lm_layout``: ``layers``,
             ``final_norm``, ``children`` (``{"q": ..., "k": ..., "v": ...}`` or ``{"qkv": ...}``, ``"out_proj"``,
             ``"mlp"``, ``"attn_norm"``, ``"mlp_norm"``), ``n_heads``, ``n_kv_heads``.
@@ -149,7 +150,7 @@ def read_graph(model: nn.Module, **names: Any) -> Graph:
         >>> graph.writers[:4], graph.readers[:6], graph.n_edges
         (['embed', 'a0.h0', 'a0.h1', 'm0'], ['a0.h0.q', 'a0.h1.q', 'a0.g0.k', 'a0.g1.k', 'a0.g0.v', 'a0.g1.v'], 46)
     """
-    layout = lm_layout(model, **names)
+    layout = layout or lm_layout(model, **names)
     layers = tuple(_layer(model, spec) for spec in layout.layers)
     graph = Graph(layers, layout.final_norm, layout.n_heads, layout.n_kv_heads, layout.head_dim)
     for spec in layers:

@@ -5,7 +5,7 @@ For generated token ``i`` the target is its log-probability at position ``P - 1 
 ``model.get_input_embeddings()``, summed over the hidden size. One teacher-forced forward serves every target, and
 ``target_batch`` targets share one backward pass (see :mod:`attribution.generation._gradients`). With
 ``method="attnlrp"`` the backward passes carry AttnLRP's rules (:class:`attribution.AttnLRP`, put on the same run by
-``attribution.lrp._transformer.register_rules``) and the target is the generated token's logit, LRP's conserved
+``attribution._transformer_rules.register_rules``) and the target is the generated token's logit, LRP's conserved
 quantity, as :class:`attribution.AttnLRP` explains it.
 """
 
@@ -17,9 +17,9 @@ import numpy as np
 import torch
 from torch import nn
 
+from .._inputs import token_ids
 from .._run import kept_state
-from ..lens._inputs import token_ids
-from ..lrp._transformer import register_rules, sites
+from .._transformer_rules import register_rules, sites
 from ..models import logit_softcap
 from ._gradients import TeacherForced, batched_backward, hidden_gradients
 from .result import GenerationAttribution

@@ -14,9 +14,10 @@ target logit modified by the paper's rules:
 
 Each rule is a hook of one :class:`hooks.HookGroup` on the module it concerns (``q_proj``/``k_proj``/``v_proj``
 or GPT-2's ``c_attn``, the MLP's ``act_fn`` and ``down_proj``, the norms, the input embedding); nothing of the model
-is replaced or patched, and the hooks are removed after the call. The rules live in ``_transformer.py``; where they
-go in timm's and torchvision's ``VisionTransformer`` in ``_vit.py`` (for those the relevance is read at the patch
-embedding's output, a ``(batch, H', W')`` map, and at the blocks' input, per token).
+is replaced or patched, and the hooks are removed after the call. The rules live in the kernel
+(``_transformer_rules.py``), where they go is read by :mod:`attribution.models`; for timm's and torchvision's
+``VisionTransformer`` the relevance is read at the patch embedding's output, a ``(batch, H', W')`` map, and at the
+blocks' input, per token.
 """
 
 from __future__ import annotations
@@ -30,9 +31,9 @@ from torch import nn
 
 from .. import _maps
 from .._run import HookedRun, no_dependence, warn
+from .._transformer_rules import Sites, register_rules, sites
 from ..models import is_vit
 from ..targets import Target, check_target, class_indices, class_logits, target_scores
-from ._transformer import Sites, register_rules, sites
 from ._vit import vit_sites
 
 __all__ = ["AttnLRP", "PatchRelevance", "TokenRelevance"]

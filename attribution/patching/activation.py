@@ -11,9 +11,10 @@ from torch import nn
 
 from hooks import ModuleTarget, hooked_modules
 
+from .._paired import repeat_batch, take_rows
 from .._progress import progress as progress_bar
+from .._replay import Plan, Replay, replaying
 from .._run import Element, HookedRun, hook_site
-from ._replay import Plan, Replay, replaying
 from ._sweep import (
     DEFAULT_HEAD_PATTERN,
     Cell,
@@ -25,8 +26,6 @@ from ._sweep import (
     normalised,
     prepare,
     reference_run,
-    repeat_batch,
-    take_rows,
 )
 from .result import PatchingResult
 from .sites import Recorded, Site, check_site, replace

@@ -24,9 +24,9 @@ from hooks import ModuleTarget
 from .._inputs import batch_size
 from .._maps import at_least_float32 as wide
 from .._progress import progress as progress_bar
+from .._relp import Rules, relp_sites
 from .._run import Element, HookedRun, SiteTypeError, hook_site, no_dependence, reentrant_checkpoint, warn
-from ..lrp._transformer import Sites, register_rules
-from ._relp import Rules, relp_sites
+from .._transformer_rules import Sites, register_rules
 from ._sweep import (
     DEFAULT_HEAD_PATTERN,
     Cells,

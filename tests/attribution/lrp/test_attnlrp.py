@@ -10,8 +10,8 @@ import pytest
 import torch
 from torch import nn
 
+from attribution._transformer_rules import identity_rule, layer_norm_rule, rms_norm_rule
 from attribution.lrp import AttnLRP
-from attribution.lrp._transformer import identity_rule, layer_norm_rule, rms_norm_rule
 from tests.attribution.models import lm64
 
 transformers = pytest.importorskip("transformers")

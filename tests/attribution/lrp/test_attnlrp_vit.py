@@ -12,8 +12,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from attribution._transformer_rules import scaled_attention_inputs
 from attribution.lrp import AttnLRP
-from attribution.lrp._transformer import scaled_attention_inputs
 
 timm = pytest.importorskip("timm")
 torchvision = pytest.importorskip("torchvision")

@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from attribution.lrp._transformer import norm_rule
+from attribution._transformer_rules import norm_rule
 from attribution.models import rms_norm_gain
 
 transformers = pytest.importorskip("transformers")

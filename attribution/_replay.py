@@ -33,7 +33,7 @@ from torch import nn
 
 from hooks import HookManager, flatten, global_hooks_registered, map_tensors, tensors
 
-from .._run import warn
+from ._run import warn
 
 Plan = dict[tuple[int, int], Any]  # (module id, call number) -> the recorded output to return
 _PLAIN = (type(None), bool, int, float, complex, str, bytes, torch.dtype, torch.device, torch.Size)

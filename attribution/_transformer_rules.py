@@ -23,7 +23,7 @@ from torch import nn
 
 from hooks import HookGroup
 
-from ..models import LMLayout, lm_layout, norm_eps, rms_norm_gain, weight
+from .models import LMLayout, lm_layout, norm_eps, rms_norm_gain, weight
 
 __all__ = [
     "Replace",

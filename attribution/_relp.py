@@ -11,7 +11,7 @@ of the same forward, with these rules (as in the authors' code, whose default gi
 
 The attention is left to its gradient as the authors' default does (their optional "AH-rule" holds the attention
 probabilities constant; AttnLRP's uniform rule on ``q``, ``k`` and ``v`` is not part of RelP). The rules are
-AttnLRP's functions in :mod:`attribution.lrp._transformer`, put as forward hooks that keep every value and change only
+AttnLRP's functions in :mod:`attribution._transformer_rules`, put as forward hooks that keep every value and change only
 the gradient flowing back.
 """
 
@@ -22,13 +22,14 @@ from typing import Any, Literal, get_args
 
 from torch import nn
 
-from ..lrp._transformer import Sites, sites
+from ._transformer_rules import Sites, sites
+from .models import LMLayout
 
 Rules = Literal["gradient", "relp"]
 """``"gradient"``: attribution patching's plain backward; ``"relp"``: RelP's rules."""
 
 
-def relp_sites(model: nn.Module, rules: Any) -> Sites | None:
+def relp_sites(model: nn.Module, rules: Any, layout: LMLayout | None = None) -> Sites | None:
     """Where RelP's rules go in ``model`` (``None`` for ``rules="gradient"``); raises on a bad value or model.
 
     Example:
@@ -44,7 +45,7 @@ def relp_sites(model: nn.Module, rules: Any) -> Sites | None:
     if rules == "gradient":
         return None
     try:
-        found = sites(model)
+        found = sites(model, layout)
     except (TypeError, ValueError) as exc:
         raise type(exc)(
             f"`rules='relp'` needs a HuggingFace decoder language model: it puts its rules on the RMSNorm/LayerNorm "
