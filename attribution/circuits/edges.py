@@ -31,7 +31,7 @@ from .._progress import progress as progress_bar
 from .._relp import Rules, relp_sites
 from .._run import HookedRun, eager_module, warn
 from .._transformer_rules import Sites, norm_rule
-from ..models import lm_layout
+from ..models import LMLayout, lm_layout
 from ._math import norm_vjp, wide
 from ._runs import Gradients, gradient_run, record_run
 from ._sites import reader_weights
@@ -95,6 +95,7 @@ def edge_attribution(
     progress: bool = True,
     names: Mapping[str, Any] | None = None,
     rules: Rules = "gradient",
+    layout: LMLayout | None = None,
 ) -> EdgeScores:
     """Score every edge of a decoder-only transformer with EAP (``ig_steps=1``) or EAP-IG (see the module docs).
 
@@ -118,6 +119,8 @@ def edge_attribution(
             (its keyword arguments).
         rules: ``"gradient"`` (EAP, EAP-IG) or ``"relp"`` (the readers' gradients from RelP's rules; HuggingFace
             Llama-style or GPT-2 models).
+        layout: the model's :func:`attribution.models.lm_layout`, instead of ``names`` (the same keywords in every
+            family).
 
     Returns:
         The :class:`EdgeScores` (float32 or wider, on the CPU).
@@ -140,7 +143,7 @@ def edge_attribution(
     if isinstance(ig_steps, bool) or not isinstance(ig_steps, int) or ig_steps < 1:
         raise ValueError(f"`ig_steps` must be an int of at least 1 (1: EAP); got {ig_steps!r}")
     model = eager_module(model)
-    layout = lm_layout(model, **(names or {}))  # the one read of the model's structure
+    layout = layout or lm_layout(model, **(names or {}))  # the one read of the model's structure
     where = relp_sites(model, rules, layout)
     clean, corrupted = plain(clean, model), plain(corrupted, model)
     check_same_shapes(clean, corrupted)

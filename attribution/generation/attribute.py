@@ -20,7 +20,7 @@ from torch import nn
 from .._inputs import token_ids
 from .._run import kept_state
 from .._transformer_rules import register_rules, sites
-from ..models import logit_softcap
+from ..models import LMLayout, logit_softcap
 from ._gradients import TeacherForced, batched_backward, hidden_gradients
 from .result import GenerationAttribution
 
@@ -39,6 +39,7 @@ def attribute_generation(
     steps: int = 50,
     baseline_token: int = 0,
     per_dimension: bool = False,
+    layout: LMLayout | None = None,
 ) -> GenerationAttribution:
     """Attribute every generated token's log-probability to the prompt's and the earlier generated tokens.
 
@@ -59,6 +60,8 @@ def attribute_generation(
         steps: integration points of ``"integrated_gradients"``.
         baseline_token: the token whose embedding is the baseline of ``"integrated_gradients"``.
         per_dimension: also keep the attribution per hidden dimension (``.per_dimension``).
+        layout: with ``method="attnlrp"``, the model's :func:`attribution.models.lm_layout` where its modules are not
+            found by name (the same keywords in every family).
 
     Returns:
         A :class:`GenerationAttribution`: ``.scores`` ``(N, P + N)``, row ``i`` zero from column ``P + i`` on.
@@ -94,7 +97,7 @@ def attribute_generation(
         raise ValueError(f"`baseline_token` must be a token id in [0, {vocab}); got {baseline_token!r}")
     softcap = logit_softcap(model)
     rows = [
-        _one(model, embedding, unembedding, softcap, p, g, method, target_batch, steps, baseline_token)
+        _one(model, embedding, unembedding, softcap, p, g, method, target_batch, steps, baseline_token, layout)
         for p, g in zip(prompts, continuations, strict=True)
     ]
     batched = input_ids.dim() == 2 and len(input_ids) > 1
@@ -174,6 +177,7 @@ def _one(
     target_batch: int,
     steps: int,
     baseline_token: int,
+    layout: LMLayout | None,
 ) -> torch.Tensor:
     """``(N, P + N, d)`` the attribution of one continuation, per hidden dimension."""
     P, N = len(prompt), len(generated)
@@ -187,7 +191,7 @@ def _one(
             ends = embedding(base_ids), embedding(ids)
     with TeacherForced(model, embedding, unembedding) as run:
         if method == "attnlrp":
-            register_rules(run.run.group, sites(model))
+            register_rules(run.run.group, sites(model, layout))
         if ends is not None:
             out = _integrated(run, ids, *ends, generated, positions, target_batch, steps, softcap)
         else:

@@ -32,7 +32,7 @@ from torch import nn
 from .. import _maps
 from .._run import HookedRun, no_dependence, warn
 from .._transformer_rules import Sites, register_rules, sites
-from ..models import is_vit
+from ..models import LMLayout, is_vit
 from ..targets import Target, check_target, class_indices, class_logits, target_scores
 from ._vit import vit_sites
 
@@ -98,6 +98,8 @@ class AttnLRP:
     Args:
         model: a HuggingFace causal LM (``...ForCausalLM`` or ``GPT2LMHeadModel``), or a timm or torchvision
             ``VisionTransformer``; it is not modified.
+        layout: for a language model whose modules are not found by name, its
+            :func:`attribution.models.lm_layout` with the names given (the same keywords in every family).
 
     Raises:
         TypeError: a model of another kind (the message names what was looked for).
@@ -117,14 +119,14 @@ class AttnLRP:
         torch.Size([2, 2, 3])
     """
 
-    def __init__(self, model: nn.Module) -> None:
+    def __init__(self, model: nn.Module, *, layout: LMLayout | None = None) -> None:
         if not isinstance(model, nn.Module):
             raise TypeError(f"`model` must be a torch.nn.Module; got {type(model).__name__}")
         self.model = model
         if is_vit(model):
             self.sites = vit_sites(model)
-        elif callable(getattr(model, "get_input_embeddings", None)):
-            self.sites = sites(model)
+        elif layout is not None or callable(getattr(model, "get_input_embeddings", None)):
+            self.sites = sites(model, layout)
         else:
             raise TypeError(
                 "AttnLRP handles HuggingFace decoder LMs (get_input_embeddings(), attention with q_proj/k_proj/v_proj "

@@ -194,12 +194,13 @@ def lm_layout(
     layer_layouts = tuple(_layer(modules, layer_list, i, names, config) for i in range(len(modules[layer_list])))
     heads = n_heads or _config_int(config, ("num_attention_heads", "n_head", "num_heads"), "n_heads") or 0
     kv = n_kv_heads or _config_int(config, ("num_key_value_heads", "num_kv_heads"), None) or heads
-    hidden = _config_int(config, ("hidden_size", "n_embd", "d_model"), None) or _embedding_dim(model)
+    embed = embed or _name_of(modules, _call(model, "get_input_embeddings"), "embed", "the token embedding")
+    hidden = _config_int(config, ("hidden_size", "n_embd", "d_model"), None) or _embedding_dim(modules.get(embed))
     head_dim = _config_int(config, ("head_dim",), None) or hidden // heads
     if heads % kv:
         raise ValueError(f"`n_kv_heads` ({kv}) must divide `n_heads` ({heads})")
     return LMLayout(
-        embed=embed or _name_of(modules, _call(model, "get_input_embeddings"), "embed", "the token embedding"),
+        embed=embed,
         position=_qualified(_base(layer_list), _child(modules, _base(layer_list), ("wpe", "embed_positions"))),
         layers=layer_layouts,
         final_norm=final_norm or _final_norm(modules, layer_list),
@@ -389,12 +390,11 @@ def logit_softcap(model: nn.Module) -> float | None:
     return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
 
 
-def _embedding_dim(model: nn.Module) -> int:
+def _embedding_dim(embed: nn.Module | None) -> int:
     """The width of the token embedding."""
-    embed = _call(model, "get_input_embeddings")
     if isinstance(embed, nn.Embedding):
         return embed.embedding_dim
-    raise ValueError("could not read the hidden size from the config or the input embedding")
+    raise ValueError("could not read the hidden size from the config or the input embedding (pass `embed=`)")
 
 
 def heads_at(layout: LMLayout, name: str, site: str) -> tuple[int, str] | None:

@@ -27,6 +27,7 @@ from .._progress import progress as progress_bar
 from .._relp import Rules, relp_sites
 from .._run import Element, HookedRun, SiteTypeError, hook_site, no_dependence, reentrant_checkpoint, warn
 from .._transformer_rules import Sites, register_rules
+from ..models import LMLayout
 from ._sweep import (
     DEFAULT_HEAD_PATTERN,
     Cells,
@@ -62,6 +63,7 @@ def attribution_patching(
     ig_steps: int = 1,
     rules: Rules = "gradient",
     progress: bool = True,
+    layout: LMLayout | None = None,
 ) -> PatchingResult:
     """Estimate :func:`attribution.activation_patching` to first order, every cell from one backward pass.
 
@@ -119,6 +121,8 @@ def attribution_patching(
         rules: ``"gradient"`` (attribution patching) or ``"relp"`` (relevance patching: ``g`` from LRP's rules).
         progress: show a tqdm progress bar over the extra runs of ``ig_steps > 1`` (and of layers called several
             times per forward).
+        layout: with ``rules="relp"``, the model's :func:`attribution.models.lm_layout` where its modules are not
+            found by name (the same keywords in every family).
 
     Returns:
         A float32 CPU :class:`~attribution.patching.PatchingResult` ``(layers, positions)``, ``(layers,)``,
@@ -156,7 +160,7 @@ def attribution_patching(
     if isinstance(ig_steps, bool) or not isinstance(ig_steps, int) or ig_steps < 1:
         raise ValueError(f"`ig_steps` must be an int of at least 1 (1: plain attribution patching); got {ig_steps!r}")
     inputs = prepare(model, clean, corrupted, layers, ("`clean`", "`corrupted`"), swap=direction == "noise")
-    where = relp_sites(inputs.model, rules)
+    where = relp_sites(inputs.model, rules, layout)
     taps = _Taps(site, element, metric, chosen_cells(cells, positions, heads, head_pattern, per_example), where)
     with HookedRun(inputs.model, "attribution-patching") as run:
         for p in inputs.model.parameters():  # no graph before the first site, no parameter gradients; restored on exit
