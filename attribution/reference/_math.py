@@ -49,14 +49,14 @@ def centred(grad: torch.Tensor, dim: int) -> torch.Tensor:
 
 
 def cross_max_shares(y: torch.Tensor, y_r: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """captum's max-pool split of ``y - y_r``: ``max(y, y_r) - y_r`` (at ``x``'s winners) and ``y - max(y, y_r)``.
+    """The max-pool split (captum's) of ``y - y_r``: ``max(y, y_r) - y_r`` (at ``x``'s winners) and ``y - max(y, y_r)``.
 
     The first share goes back to the positions where the input's window has its maximum, the second (0 or negative)
     to the reference's; together they are ``y - y_r``.
 
     Example:
         >>> cross_max_shares(torch.tensor([3.0, 1.0]), torch.tensor([1.0, 2.0]))
-        (tensor([2., 1.]), tensor([ 0., -1.]))
+        (tensor([2., 0.]), tensor([ 0., -1.]))
     """
     top = torch.maximum(y, y_r)
     return top - y_r, y - top

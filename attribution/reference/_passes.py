@@ -90,7 +90,7 @@ def repeated(target: Target, times: int) -> Target:
 
 
 def checked(attributions: torch.Tensor, method: str) -> torch.Tensor:
-    """Warn, naming the items, when attributions hold NaN or inf (they are returned as they are, never averaged away)."""
+    """Warn, naming the items, when attributions hold NaN or inf (kept as they are, never averaged away)."""
     bad = (~torch.isfinite(attributions)).flatten(1).any(1).nonzero().flatten().tolist()
     if bad:
         shown = f"item {bad[0]}" if len(bad) == 1 else f"items {bad[:8]}" + ("..." if len(bad) > 8 else "")

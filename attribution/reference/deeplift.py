@@ -1,4 +1,4 @@
-"""DeepLIFT with the Rescale rule (:class:`DeepLift`) and its average over a set of references (:class:`DeepLiftShap`)."""
+"""DeepLIFT with the Rescale rule (:class:`DeepLift`) and its mean over a set of references (:class:`DeepLiftShap`)."""
 
 from __future__ import annotations
 

@@ -139,8 +139,8 @@ class FrozenScale(Rule):
     by how much.
 
     Example:
-        >>> x = torch.tensor([[3.0, 4.0], [0.0, 1.0]])
-        >>> FrozenScale().prepare(torch.nn.RMSNorm(2, eps=0.0), x, x, batch=1)(torch.ones(2, 2))[0]
+        >>> norm, x = torch.nn.RMSNorm(2, eps=0.0), torch.tensor([[3.0, 4.0], [0.0, 1.0]])
+        >>> FrozenScale().prepare(norm, x, norm(x).detach(), batch=1)(torch.ones(2, 2))[0]   # 1 / rms = 1 / sqrt(12.5)
         tensor([0.2828, 0.2828])
     """
 
