@@ -16,7 +16,7 @@ Example:
 import sys
 
 from . import targets as targets  # the target helpers keep their namespace
-from .cam import EigenCAM, GradCAM, GradCAMPlusPlus, HiResCAM, LayerCAM, ScoreCAM, XGradCAM
+from .cam import AblationCAM, EigenCAM, GradCAM, GradCAMPlusPlus, HiResCAM, LayerCAM, ScoreCAM, XGradCAM
 from .circuits import (
     Circuit,
     EdgeScores,
@@ -97,7 +97,8 @@ __all__ = [
     "patch",
     "path_patching",
     "record",
-    # reference-based methods (issue 32)
+    # issue 32: reference-based methods and Ablation-CAM
+    "AblationCAM",
     "DeepLift",
     "DeepLiftShap",
     "GradientShap",
