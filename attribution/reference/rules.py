@@ -2,7 +2,7 @@
 
 DeepLIFT (Shrikumar et al., 2017, https://arxiv.org/abs/1704.02685) runs the inputs and their references as one
 batch, inputs first. At each nonlinearity a pre-hook keeps the module's input ``x`` (both halves), the module runs
-without autograd, and a forward hook hands its output on through :class:`~attribution.reference._functions.Replace`,
+without autograd, and a forward hook hands its output on through an autograd function (``Replace``),
 whose backward is the rule's step. A rule is an object with one method, :meth:`Rule.prepare`, which receives the
 module, its input and output (both halves) and the batch size, and returns that step. With ``x``, ``r`` the input
 and reference halves and ``y``, ``y_r`` the module's outputs for them:
