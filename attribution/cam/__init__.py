@@ -24,6 +24,6 @@ Common semantics (every class here):
 """
 
 from .gradient import GradCAM, GradCAMPlusPlus, HiResCAM, LayerCAM, XGradCAM
-from .gradient_free import EigenCAM, ScoreCAM
+from .gradient_free import AblationCAM, EigenCAM, ScoreCAM
 
-__all__ = ["EigenCAM", "GradCAM", "GradCAMPlusPlus", "HiResCAM", "LayerCAM", "ScoreCAM", "XGradCAM"]
+__all__ = ["AblationCAM", "EigenCAM", "GradCAM", "GradCAMPlusPlus", "HiResCAM", "LayerCAM", "ScoreCAM", "XGradCAM"]

@@ -66,3 +66,13 @@ def eigencam(acts: torch.Tensor) -> torch.Tensor:
 def weighted(acts: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
     """``ReLU(sum_k w_k A_k)`` for weights ``(batch, channels)`` (Score-CAM)."""
     return F.relu(torch.einsum("bk,bkhw->bhw", weights, acts))
+
+
+def ablation_weights(score: torch.Tensor, ablated: torch.Tensor) -> torch.Tensor:
+    """Ablation-CAM's channel weights ``(y - y_k) / y``: ``score`` ``(batch,)``, ``ablated`` ``(batch, channels)``.
+
+    Example:
+        >>> ablation_weights(torch.tensor([4.0]), torch.tensor([[3.0, 4.0, 6.0]]))
+        tensor([[ 0.2500,  0.0000, -0.5000]])
+    """
+    return (score[:, None] - ablated) / score[:, None]

@@ -1,4 +1,4 @@
-"""The CAMs without gradients: Eigen-CAM (a principal direction) and Score-CAM (masked forwards)."""
+"""The CAMs without gradients: Eigen-CAM (a principal direction), Score-CAM (masked forwards), Ablation-CAM."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from torch import nn
 
 from .. import _maps
 from .._progress import progress as progress_bar
-from .._run import kept_state
+from .._run import HookedRun, SiteValueError, kept_state, warn
 from ..targets import Target, class_indices, class_logits
 from . import _math as cm
 from ._base import CAM, Layers, Reshape
@@ -98,3 +98,124 @@ class ScoreCAM(CAM):
                     weights[i, j : j + masks.shape[0]] = scores.to(weights.dtype).cpu()
                 maps[name] = cm.weighted(acts, weights.to(acts.device))
         return maps
+
+
+class AblationCAM(CAM):
+    """Ablation-CAM (Desai & Ramaswamy, 2020, https://doi.org/10.1109/WACV45572.2020.9093360), as pytorch-grad-cam.
+
+    For each channel ``k`` of the layer's output ``A``: ``y_k``, the target score with channel ``k`` set to zero, and
+    the weight ``w_k = (y - y_k) / y`` (``y`` the target score); ``L = ReLU(sum_k w_k A_k)``. The channels are
+    ablated ``batch_size`` at a time: the item runs through the model once per batch of channels, up to the layer at
+    batch size 1, and the layer's output is replaced by ``batch_size`` copies, each with one channel zeroed, so only
+    what follows the layer runs on the batch (pytorch-grad-cam runs the whole model on the batch). Modules after the
+    layer that read a tensor from before it (a skip connection around it) see it at batch size 1 and broadcast; a
+    model whose later code cannot broadcast raises. No gradients. ``progress=False`` hides the progress bar.
+
+    pytorch-grad-cam zeroes the channel only when the layer's output has 0 as its minimum (after a ReLU) and sets it
+    to ``min - 1e7`` otherwise; here it is always zeroed, the paper's definition. Where ``y = 0`` the weights are
+    undefined: that item's map is NaN, with a warning.
+
+    Args:
+        model: the network.
+        layers: the layer(s), as for :class:`GradCAM`; each must return ``(batch, channels, h, w)``.
+        layer: exactly one layer by keyword, as for :class:`GradCAM`.
+        batch_size: ablated channels per forward.
+        progress: show a tqdm progress bar.
+        call: as for :class:`GradCAM`.
+
+    Example:
+        >>> import torch, torchvision
+        >>> from attribution import AblationCAM
+        >>> model = torchvision.models.resnet18(weights=None).eval()
+        >>> AblationCAM(model, "layer4", progress=False)(torch.randn(1, 3, 64, 64), target=3).shape
+        torch.Size([1, 64, 64])
+    """
+
+    uses_gradients = False
+
+    def __init__(
+        self,
+        model: nn.Module,
+        layers: Layers | None = None,
+        *,
+        layer: Layers | None = None,
+        batch_size: int = 32,
+        progress: bool = True,
+        call: int | None = None,
+    ) -> None:
+        super().__init__(model, layers, layer=layer, call=call)
+        if batch_size < 1:
+            raise ValueError(f"`batch_size` must be at least 1; got {batch_size}")
+        self.batch_size = batch_size
+        self.progress = progress
+
+    def _raw_maps(self, inputs: Any, target: Target, size: tuple[int, int] | None) -> dict[str, torch.Tensor]:
+        if not isinstance(inputs, torch.Tensor) or inputs.dim() != 4:
+            raise TypeError(
+                "Ablation-CAM runs the model on one image at a time: `inputs` must be an image tensor (B, C, H, W) or "
+                f"(C, H, W); got {type(inputs).__name__}"
+            )
+        captured, output = self._run(inputs, None, with_grad=False)
+        index = None if callable(target) else class_indices(class_logits(output), target, inputs.shape[0])
+        score = _scores(output, target, index, slice(None)).to(torch.float64)
+        maps = {}
+        for name, calls in captured.items():
+            which = (self.call if self.call is not None else -1) % len(calls)
+            acts = calls[which]
+            if acts.dim() != 4:
+                raise SiteValueError(
+                    f"`layer` {name!r} returned {tuple(acts.shape)}; Ablation-CAM zeroes channels of a (batch, "
+                    "channels, h, w) output: choose a convolutional layer"
+                )
+            ablated = self._ablated_scores(inputs, name, which, acts, target, index)
+            weights = cm.ablation_weights(score, ablated)
+            maps[name] = cm.weighted(_maps.at_least_float32(acts), weights.to(_maps.at_least_float32(acts).dtype))
+            zero = (score == 0).nonzero().flatten().tolist()
+            if zero:
+                maps[name][zero] = float("nan")
+                warn(
+                    f"Ablation-CAM: the target score is 0 for items {zero}: the weights (y - y_k) / y, and so their "
+                    "maps, are NaN. Choose another target"
+                )
+        return maps
+
+    def _ablated_scores(
+        self, inputs: torch.Tensor, name: str, which: int, acts: torch.Tensor, target: Target, index: Any
+    ) -> torch.Tensor:
+        """``y_k`` of every item and channel, ``(batch, channels)``: one forward per item and batch of channels."""
+        b, k = acts.shape[:2]
+        ablated = torch.empty(b, k, dtype=torch.float64)
+        rows: list[torch.Tensor] = []
+
+        def replace(module: nn.Module, args: Any, output: Any, *, call: int) -> Any:
+            if call != which:
+                return None
+            return type(output)([rows[0], *output[1:]]) if isinstance(output, (tuple, list)) else rows[0]
+
+        steps = [(i, j) for i in range(b) for j in range(0, k, self.batch_size)]
+        with HookedRun(self.model, "AblationCAM") as run:
+            run.group.forward(name, replace)
+            for i, j in progress_bar(steps, desc=f"Ablation-CAM {name}", enabled=self.progress):
+                channels = torch.arange(j, min(j + self.batch_size, k), device=acts.device)
+                batch = acts[i : i + 1].repeat(len(channels), 1, 1, 1)
+                batch[torch.arange(len(channels), device=acts.device), channels] = 0
+                rows[:] = [batch]
+                out = run.forward(inputs[i : i + 1])
+                scores = _scores(out, target, index, i)
+                if scores.shape != (len(channels),):
+                    raise SiteValueError(
+                        f"Ablation-CAM replaced the output of {name!r} by {len(channels)} ablated copies but the model "
+                        f"returned {tuple(scores.shape)} scores: the code after the layer does not broadcast over the "
+                        "batch (it keeps the batch size of its input). Choose a layer whose successors only read it"
+                    )
+                ablated[i, j : j + len(channels)] = scores.to(torch.float64).cpu()
+        return ablated.to(acts.device)
+
+
+def _scores(output: Any, target: Target, index: torch.Tensor | None, item: int | slice) -> torch.Tensor:
+    """The target scores of ``output``: the class ``index[item]`` of every row, or a callable target's scores."""
+    if index is None:
+        assert callable(target)
+        return target(output).detach()
+    logits = class_logits(output).detach()
+    return logits[:, index[item]] if isinstance(item, int) else logits.gather(1, index[:, None])[:, 0]
