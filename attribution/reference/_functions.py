@@ -1,4 +1,8 @@
-"""The autograd function that carries a DeepLIFT rule: the module's output forward, the rule's step backward."""
+"""The autograd function that carries a DeepLIFT rule on a product; a module's plain vector-Jacobian product.
+
+A rule on one module's output is carried by the kernel's ``Replace`` (``attribution/_transformer_rules.py``), the
+same autograd function as AttnLRP's rules.
+"""
 
 from __future__ import annotations
 
@@ -9,21 +13,6 @@ import torch
 
 Step = Callable[[torch.Tensor], torch.Tensor]
 """A rule's backward: the gradient at the module's output -> the modified gradient at its input."""
-
-
-class Replace(torch.autograd.Function):
-    """``x -> box[0]`` (the module's output, computed without autograd) whose backward is ``box[1](grad)``."""
-
-    @staticmethod
-    def forward(ctx: Any, x: torch.Tensor, box: list[Any]) -> torch.Tensor:
-        """Return ``box[0]``; keep the step ``box[1]``."""
-        ctx.step = box[1]
-        return box[0]
-
-    @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
-        """The rule's step."""
-        return ctx.step(grad), None
 
 
 class Product(torch.autograd.Function):

@@ -10,7 +10,7 @@ from torch import nn
 from hooks import HookGroup
 
 from .._run import SiteValueError
-from ._functions import Replace
+from .._transformer_rules import Replace
 from .rules import FrozenScale, MaxPoolRule, Rescale, Rule, SoftmaxRule
 
 ELEMENTWISE = (

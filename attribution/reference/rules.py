@@ -31,6 +31,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from ..models import weight
 from . import _math
 from ._functions import Step, module_vjp
 
@@ -146,8 +147,7 @@ class FrozenScale(Rule):
 
     def prepare(self, module: nn.Module, x: torch.Tensor, y: torch.Tensor, batch: int) -> Step:
         """See the class documentation."""
-        weight = getattr(module, "weight", None)
-        w = weight.detach() if isinstance(weight, torch.Tensor) else None
+        w = weight(module, device=x.device)  # real also where accelerate offloaded the norm
         if isinstance(module, nn.LayerNorm):
             dims = tuple(range(-len(module.normalized_shape), 0))
             std = (x.var(dim=dims, unbiased=False, keepdim=True) + module.eps).sqrt()
