@@ -44,6 +44,15 @@ from .lrp import LRP, AttnLRP
 from .patching import Patch, activation_patching, attribution_patching, patch, path_patching, record
 from .patching import attribution as _attribution_patching
 from .patching import path as _path_patching
+from .perturbation import (
+    LIME,
+    RISE,
+    FeatureAblation,
+    KernelSHAP,
+    Occlusion,
+    ShapleyValues,
+    ShapleyValueSampling,
+)
 from .rollout import AttentionRollout, GradientRollout
 
 # The modules' paths before the family folders, which the docs and existing code name: the same module objects,
@@ -56,6 +65,15 @@ sys.modules[f"{__name__}.aggregate"] = _aggregate
 dataset, aggregate = _runner, _aggregate  # ``import attribution.dataset`` then ``attribution.dataset.x``
 
 __all__ = [
+    # perturbation
+    "FeatureAblation",
+    "KernelSHAP",
+    "LIME",
+    "Occlusion",
+    "RISE",
+    "ShapleyValueSampling",
+    "ShapleyValues",
+    # end perturbation
     "AttentionRollout",
     "AttnLRP",
     "Circuit",
