@@ -41,7 +41,8 @@ def exact_shapley(values: torch.Tensor, count: int) -> torch.Tensor:
     rows = torch.arange(2**count)
     sizes = coalitions(count).sum(1)
     weights = torch.tensor(
-        [math.factorial(s) * math.factorial(count - s - 1) / math.factorial(count) for s in range(count)]
+        [math.factorial(s) * math.factorial(count - s - 1) / math.factorial(count) for s in range(count)],
+        dtype=torch.float64,
     )
     out = []
     for i in range(count):
