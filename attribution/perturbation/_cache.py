@@ -14,13 +14,35 @@ import torch
 from torch import nn
 
 
-def accepts_past_key_values(model: nn.Module) -> bool:
-    """Whether ``model.forward`` takes ``input_ids``, ``past_key_values`` and ``use_cache`` (HuggingFace causal LMs)."""
+def accepts_past_key_values(model: nn.Module) -> str | None:
+    """The keyword of ``model.forward`` for keys/values: ``past_key_values`` (``cache`` in transformers 5.2x).
+
+    ``None`` unless ``forward`` also takes ``input_ids`` and ``use_cache`` (HuggingFace causal LMs).
+    """
     try:
         parameters = inspect.signature(model.forward).parameters
     except (TypeError, ValueError):
+        return None
+    if "input_ids" not in parameters or "use_cache" not in parameters:
+        return None
+    return next((name for name in ("past_key_values", "cache") if name in parameters), None)
+
+
+def returned_cache(output: Any, keyword: str) -> Any:
+    """The keys/values a forward returned (under ``keyword``, or the other spelling)."""
+    for name in (keyword, "past_key_values", "cache"):
+        value = output.get(name) if isinstance(output, dict) else getattr(output, name, None)
+        if value is not None:
+            return value
+    return None
+
+
+def takes_logits_to_keep(model: nn.Module) -> bool:
+    """Whether ``model.forward`` can compute the logits of the last position only (``logits_to_keep=1``)."""
+    try:
+        return "logits_to_keep" in inspect.signature(model.forward).parameters
+    except (TypeError, ValueError):
         return False
-    return all(name in parameters for name in ("input_ids", "past_key_values", "use_cache"))
 
 
 def usable_cache(cache: Any, length: int) -> bool:
@@ -36,10 +58,38 @@ def usable_cache(cache: Any, length: int) -> bool:
 def prefix_cache(cache: Any, length: int, repeats: int) -> Any:
     """A copy of ``cache`` cut to its first ``length`` positions, each batch row repeated ``repeats`` times in a row."""
     copied = copy.deepcopy(cache)
-    copied.crop(length)
+    extra = int(copied.get_seq_length()) - length
+    if extra > 0:
+        copied.crop(-extra)  # transformers 5.2x: a negative count removes that many positions from the end
     if repeats > 1:
         copied.batch_repeat_interleave(repeats)
     return copied
+
+
+def prefix_groups(starts: list[int], length: int, most: int) -> list[tuple[int, int]]:
+    """Split perturbations sorted by first change into runs ``[first, stop)`` of at most ``most``, cheapest overall.
+
+    A run from ``first`` costs one call (counted as one more row of ``length`` tokens) plus its rows times the
+    positions they run, ``length - starts[first]``; dynamic programming over the split points finds the cheapest.
+
+    Example:
+        >>> prefix_groups([0, 0, 6, 7, 7, 7], 8, 4)
+        [(0, 2), (2, 6)]
+    """
+    count = len(starts)
+    best = [0.0] + [float("inf")] * count
+    cut = [0] * (count + 1)
+    for stop in range(1, count + 1):
+        for first in range(max(0, stop - most), stop):
+            cost = best[first] + length + (stop - first) * (length - starts[first])
+            if cost < best[stop]:
+                best[stop], cut[stop] = cost, first
+    runs = []
+    stop = count
+    while stop > 0:
+        runs.append((cut[stop], stop))
+        stop = cut[stop]
+    return runs[::-1]
 
 
 def first_changes(perturbed: torch.Tensor, x: torch.Tensor) -> torch.Tensor:

@@ -7,10 +7,12 @@ as found), scores the unperturbed inputs first (resolving ``target=None`` to the
 measuring the largest activation to size the batches), then runs the perturbations ``per_forward`` at a time, item
 after item in the batch (row ``b * k + j`` is item ``b`` under perturbation ``j``).
 
-For a causal language model that takes ``past_key_values`` (``reuse=True``), the unperturbed run keeps its
-keys/values; perturbations are sorted by the first position they change, and a batch whose earliest change is at
+For a causal language model that takes ``past_key_values`` (``cache`` in transformers 5.2x) and an integer or
+``None`` target (``reuse=True``), the unperturbed run keeps its keys/values; perturbations are sorted by the first
+position they change and split into runs (:func:`~._cache.prefix_groups`), and a run whose earliest change is at
 ``i`` runs only positions ``i..T-1`` on a copy of the cached positions ``< i``: exact, the same scores as a full
-re-run to float rounding.
+re-run to float rounding. Only the last position's logits are computed (``logits_to_keep=1``) where the model can.
+A callable target gets the whole output of full runs.
 """
 
 from __future__ import annotations
@@ -27,7 +29,15 @@ from hooks import tensors
 from .._progress import progress
 from .._run import HookedRun, warn
 from ..targets import Target, check_target, class_indices, class_logits, target_scores
-from ._cache import accepts_past_key_values, first_changes, prefix_cache, usable_cache
+from ._cache import (
+    accepts_past_key_values,
+    first_changes,
+    prefix_cache,
+    prefix_groups,
+    returned_cache,
+    takes_logits_to_keep,
+    usable_cache,
+)
 
 MEMORY_BUDGET = 2**28
 """Bytes a batch of perturbations may take at the model's largest activation (counted 3 times: in, out, spare)."""
@@ -69,7 +79,9 @@ class Evaluator:
         check_target(target, self.batch)
         self.target: Target = target
         self.per_forward = per_forward
-        self.reuse = reuse and not inputs.is_floating_point() and accepts_past_key_values(model)
+        self.keyword = None if inputs.is_floating_point() else accepts_past_key_values(model)  # a HuggingFace LM
+        self.reuse = reuse and self.keyword is not None and not callable(target)
+        self.last_only = self.keyword is not None and not callable(target) and takes_logits_to_keep(model)
         self.show_progress = show_progress
         self.forwards = 0  # model calls made, for the cost model and tests
         self.cache: Any = None
@@ -98,13 +110,14 @@ class Evaluator:
 
         handles = self._run.group.forward(list(self.model.modules()), measure)
         try:
-            output = self._call(self.x, cached=self.reuse)
+            output = self._call(self.x, store=self.reuse)
         finally:
             for handle in handles:
                 handle.remove()
         self.lm = _lm_logits(output) is not None and not callable(self.target)
         if self.reuse:
-            cache = getattr(output, "past_key_values", None)
+            assert self.keyword is not None
+            cache = returned_cache(output, self.keyword)
             self.reuse = usable_cache(cache, self.x.shape[-1])
             self.cache = cache if self.reuse else None
         if not callable(self.target):
@@ -152,10 +165,13 @@ class Evaluator:
         starts = first_changes(perturbed, self.x) if self.reuse else torch.zeros(count, dtype=torch.long)
         order = torch.sort(starts.cpu(), stable=True).indices
         result = self.full.new_empty(self.batch, count)
-        chunks = [order[i : i + self.per_forward] for i in range(0, count, self.per_forward)]
-        for chunk in progress(chunks, desc=self.method, enabled=self.show_progress):
-            rows = perturbed[:, chunk.to(self.x.device)].flatten(0, 1)
+        runs = prefix_groups(starts.cpu()[order].tolist(), length, self.per_forward) if self.reuse else None
+        if runs is None:
+            runs = [(i, min(count, i + self.per_forward)) for i in range(0, count, self.per_forward)]
+        for first, stop in progress(runs, desc=self.method, enabled=self.show_progress):
+            chunk = order[first:stop].to(self.x.device)
             start = min(int(starts[chunk[0]]), length - 1)
+            rows = perturbed[:, chunk].flatten(0, 1)
             result[:, chunk.to(result.device)] = self._score_rows(rows, len(chunk), start=start)
         return result
 
@@ -163,18 +179,22 @@ class Evaluator:
         """Scores ``(batch, k)`` of ``batch * k`` rows; with ``start``, positions ``start..`` run on the cache."""
         if start > 0:
             cache = prefix_cache(self.cache, start, k)
-            output = self._call(rows[:, start:], cached=True, cache=cache)
+            output = self._call(rows[:, start:], cache=cache)
         else:
-            output = self._call(rows, cached=False)
+            output = self._call(rows)
         return self._scores(output, k)
 
-    def _call(self, rows: torch.Tensor, *, cached: bool, cache: Any = None) -> Any:
+    def _call(self, rows: torch.Tensor, *, store: bool = False, cache: Any = None) -> Any:
+        """One model call; a HuggingFace LM gets ``input_ids=``, the cache, ``use_cache`` and ``logits_to_keep``."""
         self.forwards += 1
-        if cached:
-            return self._run.forward({"input_ids": rows, "past_key_values": cache, "use_cache": True})
-        if not rows.is_floating_point() and accepts_past_key_values(self.model):
-            return self._run.forward({"input_ids": rows, "use_cache": False})
-        return self._run.forward(rows)
+        if self.keyword is None:
+            return self._run.forward(rows)
+        inputs: dict[str, Any] = {"input_ids": rows, "use_cache": store or cache is not None}
+        if cache is not None:
+            inputs[self.keyword] = cache
+        if self.last_only:
+            inputs["logits_to_keep"] = 1  # only the last position's logits are read: exact, and less work
+        return self._run.forward(inputs)
 
     def _scores(self, output: Any, k: int) -> torch.Tensor:
         """The ``(batch, k)`` target scores of an output of ``batch * k`` rows (item after item)."""
