@@ -1,4 +1,4 @@
-"""Known answers in float64: closed forms on linear and additive models, slow re-implementations, hand-worked windows."""
+"""Known answers in float64: closed forms on linear models, slow re-implementations, windows worked out by hand."""
 
 from __future__ import annotations
 
