@@ -206,6 +206,7 @@ class Evaluator:
         if self.lm:
             logits = _lm_logits(output)
             assert logits is not None
+            assert isinstance(target, torch.Tensor)
             scores = torch.log_softmax(logits[:, -1], dim=-1).gather(1, target.to(logits.device)[:, None])[:, 0]
         else:
             scores = target_scores(output, target, rows)

@@ -100,7 +100,9 @@ def baseline_batch(baseline: Baseline, x: torch.Tensor, model: nn.Module) -> tor
 def sizes(value: int | Sequence[int], item: Sequence[int], what: str) -> tuple[int, ...]:
     """A window or stride: one positive size per item dimension (an integer means that size everywhere)."""
     item = tuple(int(n) for n in item)
-    given = (value,) * len(item) if isinstance(value, int) and not isinstance(value, bool) else tuple(value)
+    if isinstance(value, bool) or not isinstance(value, (int, Sequence)):
+        raise TypeError(f"{what} must be an integer or one integer per item dimension; got {type(value).__name__}")
+    given = (value,) * len(item) if isinstance(value, int) else tuple(value)
     if len(given) != len(item) or not all(isinstance(n, int) and n >= 1 for n in given):
         raise ValueError(
             f"{what} {tuple(given) if not isinstance(value, int) else value} must give one positive size per "
@@ -134,7 +136,8 @@ def window_masks(item: Sequence[int], window: Sequence[int], corners: Sequence[t
     """``(len(corners), *item)`` booleans: True inside each window (cut at the item's edge)."""
     masks = torch.zeros(len(corners), *item, dtype=torch.bool)
     for k, corner in enumerate(corners):
-        masks[(k, *(slice(c, c + w) for c, w in zip(corner, window, strict=True)))] = True
+        where = tuple(slice(c, c + w) for c, w in zip(corner, window, strict=True))
+        masks[k][where] = True
     return masks
 
 

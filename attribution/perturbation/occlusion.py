@@ -76,7 +76,8 @@ class Occlusion(PerturbationMethod):
         count = drops.new_zeros(item)
         for k, corner in enumerate(corners):
             where = tuple(slice(c, c + w) for c, w in zip(corner, window, strict=True))
-            total[(slice(None), *where)] += drops[:, k].view(-1, *([1] * len(item)))
+            index = (slice(None), *where)
+            total[index] += drops[:, k].view(-1, *([1] * len(item)))
             count[where] += 1
         attributions = nan_items(total / count, torch.cat([run.full[:, None], scores], 1), "Occlusion")
         return shaped(attributions, x, single)
