@@ -30,6 +30,15 @@ from attribution import FeatureAblation, Occlusion, ShapleyValueSampling
 from benchmarks._timing import interleaved, setup, table
 
 
+def kept(variants: dict[str, Any], results: dict[str, Any]) -> dict[str, Any]:
+    """The variants, each keeping its last result in ``results``."""
+
+    def keep(name: str, fn: Any) -> Any:
+        return lambda: results.__setitem__(name, fn())
+
+    return {name: keep(name, fn) for name, fn in variants.items()}
+
+
 def smollm2(samples: int, rounds: int) -> list[list[Any]]:
     try:
         from captum.attr import FeatureAblation as CaptumFA
@@ -67,8 +76,8 @@ def smollm2(samples: int, rounds: int) -> list[list[Any]]:
             ids, answers
         ),
     }
-    results = {name: fn() for name, fn in variants.items()}  # also the warm-up
-    times = interleaved(variants, repeats=rounds, warmup=0)
+    results: dict[str, Any] = {}
+    times = interleaved(kept(variants, results), repeats=rounds, warmup=0)  # no warm-up: each runs for seconds
     rows = []
     for method in ("FeatureAblation", "ShapleyValueSampling"):
         reference = results[f"{method}, captum LLMAttribution"]
@@ -99,8 +108,8 @@ def resnet(rounds: int) -> list[list[Any]]:
     variants = {f"captum Occlusion, perturbations_per_eval={n}": (lambda n=n: theirs(n)) for n in (1, 7, 16, 49)}
     variants["hookscope Occlusion"] = lambda: Occlusion(model, window, stride)(x, target=3)
     variants["floor: 50 forwards of one image"] = floor
-    results = {name: fn() for name, fn in variants.items()}
-    times = interleaved(variants, repeats=rounds, warmup=0)
+    results: dict[str, Any] = {}
+    times = interleaved(kept(variants, results), repeats=rounds, warmup=1)
     best = min((n for n in variants if n.startswith("captum")), key=times.__getitem__)
     reference = results["captum Occlusion, perturbations_per_eval=1"]
     rows = []
