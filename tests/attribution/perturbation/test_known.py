@@ -237,3 +237,22 @@ def _perturbations(method) -> int:
         "LIME": 9,
         "RISE": 7,
     }[type(method).__name__]
+
+
+def test_lime_on_a_nonlinear_model_equals_a_slow_weighted_fit_with_captums_kernel():
+    model = Interactions()
+    x = torch.tensor([[0.5, -1.5, 2.0, 0.3]], dtype=torch.float64)
+    base = torch.tensor([0.1, 0.2, -0.3, 0.4], dtype=torch.float64)
+    got = LIME(model, baseline=base, samples=12, kernel_width=0.7, seed=5)(x, target=0)
+    keep = torch.rand(12, 4, generator=torch.Generator().manual_seed(5)) < 0.5
+    rows, values, weights = [], [], []
+    for z in keep:
+        perturbed = torch.where(z, x[0], base)
+        distance = 1 - nn.functional.cosine_similarity(x[0], perturbed, dim=0)
+        weights.append(torch.exp(-(distance**2) / (2 * 0.7**2)))
+        rows.append(torch.cat([z.double(), torch.ones(1, dtype=torch.float64)]))
+        values.append(model(perturbed[None])[0, 0])
+    root = torch.stack(weights).sqrt()
+    A, y = torch.stack(rows) * root[:, None], torch.stack(values) * root
+    expected = torch.linalg.lstsq(A, y[:, None], driver="gelsd").solution[:4, 0]
+    torch.testing.assert_close(got[0], expected, rtol=1e-8, atol=1e-10)
