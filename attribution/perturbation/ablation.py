@@ -25,7 +25,7 @@ class FeatureAblation(PerturbationMethod):
         feature_mask: ``None`` (one feature per element, per token for token ids) or an integer tensor
             broadcastable to one item, ids ``0..M-1``.
         baseline: ``None`` (0, or for token ids the pad token), a number, a tensor or a callable (see
-            :class:`~attribution.perturbation.FeatureAblation`'s family documentation).
+            ``docs/methods/perturbation.rst``).
         perturbations_per_forward: perturbations per model call; ``None``: as many as fit the memory budget.
         reuse: reuse a causal language model's unperturbed keys/values.
         show_progress: a progress bar for calls that take more than a second.

@@ -46,7 +46,7 @@ class KernelSHAP(PerturbationMethod):
     The Shapley values ``phi`` minimise ``sum_z pi(z) (S(x_z) - S(x_0) - phi . z)^2`` over coalitions ``z`` of the
     ``M`` features, with ``sum phi = S(x) - S(x_0)`` held exactly (``x_z``: the features outside ``z`` at the
     baseline) and the Shapley kernel ``pi(z) = (M - 1) / (C(M, |z|) |z| (M - |z|))``. With ``samples >= 2^M - 2``
-    every coalition is evaluated once with its exact weight and the result equals :class:`ShapleyValues`; with
+    every coalition is evaluated once with its exact weight and the result equals ``ShapleyValues``; with
     fewer, coalitions are drawn from the kernel (a size, then the features uniformly) and weigh 1 each.
 
     Args:

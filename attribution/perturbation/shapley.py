@@ -72,7 +72,7 @@ class ShapleyValues(PerturbationMethod):
     ``phi_i = sum_S |S|! (M - |S| - 1)! / M! (S(x_{S+i}) - S(x_S))`` over the coalitions ``S`` without ``i``, where
     ``x_S`` is the input with the features outside ``S`` at the baseline; given to every element of feature ``i``.
     Every coalition is evaluated once: ``2^M - 1`` perturbed rows per item (captum's ``ShapleyValues`` runs
-    ``M! M``, the same average over all permutations). Above 10 features use :class:`ShapleyValueSampling`.
+    ``M! M``, the same average over all permutations). Above 10 features use ``ShapleyValueSampling``.
 
     Args:
         model: the network.
