@@ -44,6 +44,15 @@ from .lrp import LRP, AttnLRP
 from .patching import Patch, activation_patching, attribution_patching, patch, path_patching, record
 from .patching import attribution as _attribution_patching
 from .patching import path as _path_patching
+from .perturbation import (
+    LIME,
+    RISE,
+    FeatureAblation,
+    KernelSHAP,
+    Occlusion,
+    ShapleyValues,
+    ShapleyValueSampling,
+)
 from .reference import DeepLift, DeepLiftShap, GradientShap
 from .rollout import AttentionRollout, GradientRollout
 
@@ -57,6 +66,15 @@ sys.modules[f"{__name__}.aggregate"] = _aggregate
 dataset, aggregate = _runner, _aggregate  # ``import attribution.dataset`` then ``attribution.dataset.x``
 
 __all__ = [
+    # perturbation
+    "FeatureAblation",
+    "KernelSHAP",
+    "LIME",
+    "Occlusion",
+    "RISE",
+    "ShapleyValueSampling",
+    "ShapleyValues",
+    # end perturbation
     "AttentionRollout",
     "AttnLRP",
     "Circuit",

@@ -30,6 +30,7 @@ from .lm import (
     heads_at,
     lm_layout,
     logit_softcap,
+    takes_logits_to_keep,
 )
 from .norms import NormAffine, NormKind, is_rms_norm, norm_affine, norm_eps, norm_kind, rms_norm_gain
 from .vit import ViTBlock, ViTLayout, is_vit, vit_layout
@@ -63,6 +64,7 @@ __all__ = [
     "norm_kind",
     "rms_norm_gain",
     "set_attn_implementation",
+    "takes_logits_to_keep",
     "vit_layout",
     "weight",
 ]

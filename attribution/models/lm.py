@@ -371,17 +371,33 @@ def _config_int(config: object, keys: tuple[str, ...], keyword: str | None) -> i
 
 
 def cache_keyword(model: nn.Module) -> str | None:
-    """The keyword of ``model``'s forward for a key/value cache: ``"past_key_values"``, ``"cache"`` or ``None``.
+    """The keyword of a causal LM's forward for a key/value cache: ``"past_key_values"``, ``"cache"`` or ``None``.
 
-    Read from the class's ``forward`` (accelerate wraps the instance's).
+    ``cache`` is recent transformers' spelling. ``None`` unless the forward also takes ``input_ids`` and
+    ``use_cache`` (a HuggingFace causal LM). Read from the class's ``forward`` (accelerate wraps the instance's).
 
     Example:
         >>> import torch
         >>> cache_keyword(torch.nn.Linear(2, 2)) is None
         True
     """
-    parameters = inspect.signature(type(model).forward).parameters
+    parameters = _forward_parameters(model)
+    if "input_ids" not in parameters or "use_cache" not in parameters:
+        return None
     return next((key for key in ("past_key_values", "cache") if key in parameters), None)
+
+
+def takes_logits_to_keep(model: nn.Module) -> bool:
+    """Whether the forward can compute the logits of the last positions only (``logits_to_keep=1``)."""
+    return "logits_to_keep" in _forward_parameters(model)
+
+
+def _forward_parameters(model: nn.Module) -> dict[str, inspect.Parameter]:
+    """The parameters of the class's ``forward`` (empty where it has no readable signature)."""
+    try:
+        return dict(inspect.signature(type(model).forward).parameters)
+    except (TypeError, ValueError):
+        return {}
 
 
 def logit_softcap(model: nn.Module) -> float | None:

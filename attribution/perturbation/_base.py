@@ -1,0 +1,94 @@
+"""What every perturbation method shares: the model, the baseline, the feature mask and how perturbations are run."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+
+from .._inputs import batched
+from .._run import eager_module
+from ..targets import Target
+from ._evaluate import Evaluator
+from ._masks import Baseline, baseline_batch, feature_ids
+
+
+class PerturbationMethod:
+    """A perturbation method built with a model; called with ``(inputs, target=...)``.
+
+    Args:
+        model: the network; for language models a HuggingFace causal LM taking token ids ``(batch, T)``.
+        baseline: what perturbed elements become: ``None`` (0; for token ids the model config's ``pad_token_id``,
+            else ``eos_token_id``, else 0), a number, a tensor like one item or the batch, or a callable
+            ``inputs -> baseline``.
+        feature_mask: ``None`` (one feature per element: per token for token ids) or an integer tensor broadcastable
+            to one item whose equal ids form one feature, ids ``0..M-1``.
+        perturbations_per_forward: perturbations per model call (each one row per item); ``None``: as many as fit
+            a memory budget; ``1`` is captum's default.
+        reuse: for causal language models that take ``past_key_values``: run only the positions from a
+            perturbation's first change on, on the unperturbed keys/values of the positions before it (exact).
+        show_progress: a progress bar for calls that take more than a second.
+    """
+
+    def __init__(
+        self,
+        model: nn.Module,
+        *,
+        baseline: Baseline = None,
+        feature_mask: torch.Tensor | None = None,
+        perturbations_per_forward: int | None = None,
+        reuse: bool = True,
+        show_progress: bool = True,
+    ) -> None:
+        if not isinstance(model, nn.Module):
+            raise TypeError(f"`model` must be a torch.nn.Module; got {type(model).__name__}")
+        per = perturbations_per_forward
+        if per is not None and (isinstance(per, bool) or not isinstance(per, int) or per < 1):
+            raise ValueError(f"`perturbations_per_forward` must be None or an integer >= 1; got {per!r}")
+        self.model = eager_module(model)
+        self.baseline = baseline
+        self.feature_mask = feature_mask
+        self.perturbations_per_forward = per
+        self.reuse = reuse
+        self.show_progress = show_progress
+        self.forwards = 0  # the model calls of the last call (the cost model of docs/methods/perturbation.rst)
+
+    def _inputs(self, inputs: Any) -> tuple[torch.Tensor, bool]:
+        """``inputs`` checked: a tensor with a batch axis (a single image gets one); uint8 images refused."""
+        if not isinstance(inputs, torch.Tensor):
+            raise TypeError(
+                f"{type(self).__name__} takes `inputs` as one tensor (batch, ...); got {type(inputs).__name__}"
+            )
+        given = batched(inputs, self.model, images=False)
+        x = given.inputs
+        if x.dim() < 2:
+            raise ValueError(f"`inputs` must be (batch, ...) with at least one axis per item; got {tuple(x.shape)}")
+        return x, given.single
+
+    def _features(self, x: torch.Tensor) -> tuple[torch.Tensor, int]:
+        """The feature of every element of an item and the number of features."""
+        ids, count = feature_ids(self.feature_mask, x.shape[1:])
+        return ids.to(x.device), count
+
+    def _evaluator(self, x: torch.Tensor, target: Target) -> Evaluator:
+        return Evaluator(
+            self.model,
+            type(self).__name__,
+            x,
+            target,
+            baseline_batch(self.baseline, x, self.model),
+            per_forward=self.perturbations_per_forward,
+            reuse=self.reuse,
+            show_progress=self.show_progress,
+        )
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({type(self.model).__name__})"
+
+
+def shaped(attributions: torch.Tensor, x: torch.Tensor, single: bool) -> torch.Tensor:
+    """Attributions in the dtype of the inputs (float inputs) and without the batch axis a single image got."""
+    if x.is_floating_point():
+        attributions = attributions.to(x.dtype)
+    return attributions[0] if single else attributions

@@ -1,0 +1,245 @@
+"""The one batched perturbation evaluator of every perturbation method: target scores of perturbed copies of items.
+
+A perturbation is a weight per element of one item, ``w`` in ``[0, 1]``: the item becomes ``x * w + b * (1 - w)``
+(``b`` the baseline; token ids take ``x`` where ``w`` is 1, ``b`` elsewhere). The same perturbations apply to every
+item of the batch. :class:`Evaluator` runs the model through one :class:`attribution._run.HookedRun` (the model left
+as found), scores the unperturbed inputs first (resolving ``target=None`` to the top class or next token and
+measuring the largest activation to size the batches), then runs the perturbations ``per_forward`` at a time, item
+after item in the batch (row ``b * k + j`` is item ``b`` under perturbation ``j``).
+
+For a causal language model that takes ``past_key_values`` (``cache`` in transformers 5.2x) and an integer or
+``None`` target (``reuse=True``), the unperturbed run keeps its keys/values; perturbations are sorted by the first
+position they change and split into runs (:func:`~._cache.prefix_groups`), and a run whose earliest change is at
+``i`` runs only positions ``i..T-1`` on a copy of the cached positions ``< i``: exact, the same scores as a full
+re-run to float rounding. Only the last position's logits are computed (``logits_to_keep=1``) where the model can.
+A callable target gets the whole output of full runs.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import nn
+
+from hooks import tensors
+
+from .._progress import progress
+from .._run import HookedRun, warn
+from ..models import cache_keyword, takes_logits_to_keep
+from ..targets import Target, check_target, class_indices, class_logits, target_scores
+from ._cache import (
+    first_changes,
+    prefix_cache,
+    prefix_groups,
+    returned_cache,
+    usable_cache,
+)
+
+MEMORY_BUDGET = 2**28
+"""Bytes a batch of perturbations may take at the model's largest activation (counted 3 times: in, out, spare)."""
+MAX_PER_FORWARD = 256
+"""The most perturbations in one forward when ``perturbations_per_forward`` is left to the budget."""
+
+Weights = Callable[[int, int], torch.Tensor]  # (first, stop) -> (stop - first, *item) weights
+
+
+class Evaluator:
+    """Target scores of perturbed copies of ``inputs`` (see the module documentation); a context manager.
+
+    Args:
+        model: the network (its eager module).
+        method: the method's name, for errors, warnings and the hook group.
+        inputs: ``(batch, *item)``, floating point, or token ids ``(batch, T)``.
+        target: what is explained (:mod:`attribution.targets`); for a language model (3-D logits) an integer is
+            the log-probability of that token at the last position, ``None`` the top token there.
+        baseline: ``(batch, *item)``, what perturbed elements become.
+        per_forward: perturbations per forward, or ``None`` for as many as fit :data:`MEMORY_BUDGET`.
+        reuse: reuse a causal language model's unperturbed keys/values (see the module documentation).
+        show_progress: a progress bar on long calls.
+    """
+
+    def __init__(
+        self,
+        model: nn.Module,
+        method: str,
+        inputs: torch.Tensor,
+        target: Target,
+        baseline: torch.Tensor,
+        *,
+        per_forward: int | None,
+        reuse: bool = True,
+        show_progress: bool = True,
+    ) -> None:
+        self.model, self.method, self.x, self.baseline = model, method, inputs, baseline
+        self.batch = inputs.shape[0]
+        check_target(target, self.batch)
+        self.target: Target = target
+        self.per_forward = per_forward
+        self.keyword = None if inputs.is_floating_point() else cache_keyword(model)  # a HuggingFace LM
+        self.reuse = reuse and self.keyword is not None and not callable(target)
+        self.last_only = self.keyword is not None and not callable(target) and takes_logits_to_keep(model)
+        self.show_progress = show_progress
+        self.forwards = 0  # model calls made, for the cost model and tests
+        self.cache: Any = None
+        self._run = HookedRun(model, method)
+
+    def __enter__(self) -> Evaluator:
+        self._run.__enter__()
+        try:
+            self.full = self._unperturbed()
+        except BaseException:
+            self._run.__exit__()
+            raise
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.cache = None
+        self._run.__exit__(*exc)
+
+    # -- the unperturbed run ------------------------------------------------------------------------------------
+    def _unperturbed(self) -> torch.Tensor:
+        """Score the inputs, resolve the target, measure the largest activation per item, keep the LM cache."""
+        largest = [0]
+
+        def measure(module: nn.Module, args: Any, output: Any) -> None:
+            largest[0] = max([largest[0], *(t.numel() * t.element_size() for t in tensors(output))])
+
+        handles = self._run.group.forward(list(self.model.modules()), measure)
+        try:
+            output = self._call(self.x, store=self.reuse)
+        finally:
+            for handle in handles:
+                handle.remove()
+        self.lm = _lm_logits(output) is not None and not callable(self.target)
+        if self.reuse:
+            assert self.keyword is not None
+            cache = returned_cache(output, self.keyword)
+            self.reuse = usable_cache(cache, self.x.shape[-1])
+            self.cache = cache if self.reuse else None
+        if not callable(self.target):
+            self.target = _resolve(output, self.target, self.batch, self.lm)
+        per_item = max(largest[0], self.x[0].numel() * self.x.element_size(), 1) / self.batch
+        if self.per_forward is None:
+            self.per_forward = int(max(1, min(MAX_PER_FORWARD, MEMORY_BUDGET // (3 * per_item * self.batch))))
+        return self._scores(output, 1)[:, 0]
+
+    # -- perturbations ------------------------------------------------------------------------------------------
+    def keep(self, keep: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+        """Scores ``(batch, P)`` with the features where ``keep`` ``(P, M)`` is False at the baseline."""
+        keep = keep.to(ids.device)
+        return self.scores(len(keep), lambda first, stop: keep[first:stop][:, ids])
+
+    def scores(self, count: int, weights: Weights) -> torch.Tensor:
+        """Scores ``(batch, count)`` of the perturbations ``weights(first, stop)``, made a batch at a time."""
+        if count == 0:
+            return self.full.new_zeros(self.batch, 0)
+        if not self.x.is_floating_point():
+            return self._token_scores(weights(0, count))
+        assert self.per_forward is not None
+        out = []
+        chunks = range(0, count, self.per_forward)
+        for first in progress(chunks, desc=self.method, enabled=self.show_progress):
+            w = weights(first, min(count, first + self.per_forward)).to(self.x.device)
+            out.append(self._score_rows(self._perturb(w), len(w)))
+        return torch.cat(out, dim=1)
+
+    def _perturb(self, w: torch.Tensor) -> torch.Tensor:
+        """The rows ``(batch * k, *item)``, item after item: ``x * w + b * (1 - w)`` (a choice for booleans)."""
+        x, b = self.x[:, None], self.baseline[:, None]
+        if w.dtype == torch.bool or not self.x.is_floating_point():
+            rows = torch.where(w.bool()[None], x, b)
+        else:
+            w = w.to(self.x.dtype)[None]
+            rows = x * w + b * (1 - w)
+        return rows.flatten(0, 1)
+
+    def _token_scores(self, w: torch.Tensor) -> torch.Tensor:
+        """Token-id perturbations, sorted by their first change and run on the cached prefix where possible."""
+        assert self.per_forward is not None
+        count, length = len(w), self.x.shape[-1]
+        perturbed = torch.where(w.bool().to(self.x.device)[None], self.x[:, None], self.baseline[:, None])
+        starts = first_changes(perturbed, self.x) if self.reuse else torch.zeros(count, dtype=torch.long)
+        order = torch.sort(starts.cpu(), stable=True).indices
+        result = self.full.new_empty(self.batch, count)
+        runs = prefix_groups(starts.cpu()[order].tolist(), length, self.per_forward) if self.reuse else None
+        if runs is None:
+            runs = [(i, min(count, i + self.per_forward)) for i in range(0, count, self.per_forward)]
+        for first, stop in progress(runs, desc=self.method, enabled=self.show_progress):
+            chunk = order[first:stop].to(self.x.device)
+            start = min(int(starts[chunk[0]]), length - 1)
+            rows = perturbed[:, chunk].flatten(0, 1)
+            result[:, chunk.to(result.device)] = self._score_rows(rows, len(chunk), start=start)
+        return result
+
+    def _score_rows(self, rows: torch.Tensor, k: int, *, start: int = 0) -> torch.Tensor:
+        """Scores ``(batch, k)`` of ``batch * k`` rows; with ``start``, positions ``start..`` run on the cache."""
+        if start > 0:
+            cache = prefix_cache(self.cache, start, k)
+            output = self._call(rows[:, start:], cache=cache)
+        else:
+            output = self._call(rows)
+        return self._scores(output, k)
+
+    def _call(self, rows: torch.Tensor, *, store: bool = False, cache: Any = None) -> Any:
+        """One model call; a HuggingFace LM gets ``input_ids=``, the cache, ``use_cache`` and ``logits_to_keep``."""
+        self.forwards += 1
+        if self.keyword is None:
+            return self._run.forward(rows)
+        inputs: dict[str, Any] = {"input_ids": rows, "use_cache": store or cache is not None}
+        if cache is not None:
+            inputs[self.keyword] = cache
+        if self.last_only:
+            inputs["logits_to_keep"] = 1  # only the last position's logits are read: exact, and less work
+        return self._run.forward(inputs)
+
+    def _scores(self, output: Any, k: int) -> torch.Tensor:
+        """The ``(batch, k)`` target scores of an output of ``batch * k`` rows (item after item)."""
+        rows = self.batch * k
+        target = self.target
+        if not callable(target):
+            assert isinstance(target, torch.Tensor)
+            target = target.repeat_interleave(k)
+        if self.lm:
+            logits = _lm_logits(output)
+            assert logits is not None
+            assert isinstance(target, torch.Tensor)
+            scores = torch.log_softmax(logits[:, -1], dim=-1).gather(1, target.to(logits.device)[:, None])[:, 0]
+        else:
+            scores = target_scores(output, target, rows)
+        return scores.detach().reshape(self.batch, k)
+
+
+def _lm_logits(output: Any) -> torch.Tensor | None:
+    """The ``(rows, T, vocabulary)`` logits of a language model's output, else ``None``."""
+    logits = getattr(output, "logits", output)
+    if isinstance(logits, dict):
+        logits = logits.get("logits")
+    return logits if isinstance(logits, torch.Tensor) and logits.dim() == 3 else None
+
+
+def _resolve(output: Any, target: Target, batch: int, lm: bool) -> torch.Tensor:
+    """An integer target as a ``(batch,)`` index tensor (``None``: the top class, or the top next token)."""
+    if lm:
+        logits = _lm_logits(output)
+        assert logits is not None
+        return class_indices(logits[:, -1], target, batch)
+    return class_indices(class_logits(output), target, batch)
+
+
+def nan_items(attributions: torch.Tensor, scores: torch.Tensor, method: str) -> torch.Tensor:
+    """Warn about items whose target score is NaN under some perturbation; their attributions become all NaN."""
+    bad = torch.isnan(scores).flatten(1).any(1)
+    if bad.any():
+        items = bad.nonzero().flatten().tolist()
+        count = int(torch.isnan(scores[bad]).flatten(1).any(0).sum())
+        warn(
+            f"{method}: the target score is NaN for item(s) {items[:8]}{'...' if len(items) > 8 else ''} under "
+            f"{count} perturbation(s): the model's output is not finite for the perturbed inputs (check the baseline "
+            "and the model's dtype). Their attributions are NaN, not averaged over the other perturbations"
+        )
+        attributions = attributions.clone()
+        attributions[bad.to(attributions.device)] = math.nan
+    return attributions

@@ -1,0 +1,95 @@
+"""Occlusion: a window slid over each item, set to the baseline; each element gets the mean drop of its windows."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+from torch import nn
+
+from ..targets import Target
+from ._base import PerturbationMethod, shaped
+from ._evaluate import nan_items
+from ._masks import Baseline, occlusion_starts, sizes, window_masks
+
+
+class Occlusion(PerturbationMethod):
+    """Occlusion (Zeiler & Fergus, 2014, https://arxiv.org/abs/1311.2901), captum's definition.
+
+    A window of ``window`` elements (one size per item dimension) starts at ``0, stride, 2 stride, ...`` along each
+    dimension, ``ceil((n - w) / s) + 1`` times, the last window cut at the item's edge where the stride does not
+    divide ``n - w`` (as captum). Each window is set to the baseline in turn; an element's attribution is the mean
+    of ``S(x) - S(x with the window at the baseline)`` over the windows that cover it.
+
+    Args:
+        model: the network.
+        window: the window's size, one per item dimension (``(3, 15, 15)`` for ``(3, H, W)`` images).
+        stride: the step, one per item dimension or one integer for all; at most the window.
+        baseline: ``None`` (0, or for token ids the pad token), a number, a tensor like one item or the batch, or
+            a callable ``inputs -> baseline``.
+        perturbations_per_forward: windows per model call; ``None``: as many as fit the memory budget.
+        show_progress: a progress bar for calls that take more than a second.
+
+    Example:
+        >>> import torch
+        >>> from attribution import Occlusion
+        >>> model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(4, 1, bias=False))
+        >>> with torch.no_grad():
+        ...     _ = model[1].weight.copy_(torch.tensor([[1.0, 2.0, 3.0, 4.0]]))
+        >>> Occlusion(model, window=(1, 2), stride=(1, 2))(torch.ones(1, 2, 2), target=0)
+        tensor([[[3., 3.],
+                 [7., 7.]]])
+    """
+
+    def __init__(
+        self,
+        model: nn.Module,
+        window: int | Sequence[int],
+        stride: int | Sequence[int] = 1,
+        baseline: Baseline = None,
+        *,
+        perturbations_per_forward: int | None = None,
+        reuse: bool = True,
+        show_progress: bool = True,
+    ) -> None:
+        super().__init__(
+            model,
+            baseline=baseline,
+            perturbations_per_forward=perturbations_per_forward,
+            reuse=reuse,
+            show_progress=show_progress,
+        )
+        self.window = window
+        self.stride = stride
+
+    def __call__(self, inputs: torch.Tensor, target: Target = None) -> torch.Tensor:
+        """The attributions, shaped like ``inputs``."""
+        x, single = self._inputs(inputs)
+        item = tuple(x.shape[1:])
+        window, stride = self._sizes(item)
+        corners = occlusion_starts(item, window, stride)
+        with self._evaluator(x, target) as run:
+            scores = run.scores(len(corners), lambda first, stop: ~window_masks(item, window, corners[first:stop]))
+        self.forwards = run.forwards
+        drops = run.full[:, None] - scores
+        total = drops.new_zeros(x.shape[0], *item)
+        count = drops.new_zeros(item)
+        for k, corner in enumerate(corners):
+            where = tuple(slice(c, c + w) for c, w in zip(corner, window, strict=True))
+            index = (slice(None), *where)
+            total[index] += drops[:, k].view(-1, *([1] * len(item)))
+            count[where] += 1
+        attributions = nan_items(total / count, torch.cat([run.full[:, None], scores], 1), "Occlusion")
+        return shaped(attributions, x, single)
+
+    def _sizes(self, item: tuple[int, ...]) -> tuple[tuple[int, ...], tuple[int, ...]]:
+        window = sizes(self.window, item, "`window`")
+        stride = sizes(self.stride, item, "`stride`")
+        if any(w > n for w, n in zip(window, item, strict=True)):
+            raise ValueError(f"`window` {window} is larger than an item of shape {item}: give at most the item's size")
+        if any(s > w for s, w in zip(stride, window, strict=True)):
+            raise ValueError(
+                f"`stride` {stride} is larger than `window` {window} along some dimension: elements between windows "
+                "would be covered by none. Give a stride of at most the window"
+            )
+        return window, stride

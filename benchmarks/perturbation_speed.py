@@ -1,0 +1,142 @@
+"""Perturbation attributions: time of ours vs captum 0.9, with the same settings and equal results, one process.
+
+Run from the repository root: python -m benchmarks.perturbation_speed [--samples 3] [--skip-smollm2] [--skip-resnet]
+
+1. SmolLM2-135M-Instruct (examples/_smollm2.py; skipped if its weights are not installed), the 20 IOI prompts of
+   14 tokens, target: the log-probability of the indirect object's token after the prompt. Token FeatureAblation
+   and ShapleyValueSampling (``--samples`` permutations) with token 0 as the baseline: captum's ``LLMAttribution``
+   (one prompt at a time, one perturbation per forward, the whole prompt re-run each time) against ours on the 20
+   prompts at once, with the unperturbed prefix's keys/values reused (``reuse=True``) and without (``reuse=False``).
+   Floor: one plain forward of the 20 prompts per perturbation batch is not a fair floor here; the ratio to captum is
+   the figure.
+2. torchvision resnet50 (random weights, eval), one 224 x 224 image, Occlusion with a (3, 56, 56) window and
+   stride (3, 28, 28) (49 windows): captum ``Occlusion`` at its default ``perturbations_per_eval=1`` and at the best
+   of 7, 16 and 49, against ours (``perturbations_per_forward`` from the memory budget). Floor: the 50 forwards of
+   one image at a time.
+
+Float32, 2 threads; each variant timed once per round, rounds interleaved (benchmarks/_timing.py).
+"""
+
+from __future__ import annotations
+
+import argparse
+import warnings
+from typing import Any
+
+import torch
+import torchvision
+
+from attribution import FeatureAblation, Occlusion, ShapleyValueSampling
+from benchmarks._timing import interleaved, setup, table
+
+
+def kept(variants: dict[str, Any], results: dict[str, Any]) -> dict[str, Any]:
+    """The variants, each keeping its last result in ``results``."""
+
+    def keep(name: str, fn: Any) -> Any:
+        return lambda: results.__setitem__(name, fn())
+
+    return {name: keep(name, fn) for name, fn in variants.items()}
+
+
+def smollm2(samples: int, rounds: int) -> list[list[Any]]:
+    try:
+        from captum.attr import FeatureAblation as CaptumFA
+        from captum.attr import LLMAttribution, TextTokenInput
+        from captum.attr import ShapleyValueSampling as CaptumSVS
+
+        from examples._smollm2 import ioi_prompts, load_smollm2
+    except ModuleNotFoundError as exc:
+        print(f"SmolLM2 part skipped: {exc}")
+        return []
+    model, tokenizer = load_smollm2()
+    ioi = ioi_prompts(tokenizer)
+    ids, answers = ioi.clean, ioi.io
+    assert torch.equal(tokenizer.encode(ioi.texts[0], return_tensors="pt")[0], ids[0]), "captum would see other ids"
+
+    def captum(kind: type, **options: Any) -> torch.Tensor:
+        rows = []
+        for text, answer in zip(ioi.texts, answers, strict=True):
+            if kind is CaptumSVS:
+                torch.manual_seed(0)
+            llm = LLMAttribution(kind(model), tokenizer)
+            result = llm.attribute(TextTokenInput(text, tokenizer, baselines=0), target=answer[None], **options)
+            rows.append(result.seq_attr)
+        return torch.stack(rows)
+
+    variants = {
+        "FeatureAblation, captum LLMAttribution": lambda: captum(CaptumFA),
+        "FeatureAblation, hookscope reuse=False": lambda: FeatureAblation(model, baseline=0, reuse=False)(ids, answers),
+        "FeatureAblation, hookscope": lambda: FeatureAblation(model, baseline=0)(ids, answers),
+        "ShapleyValueSampling, captum LLMAttribution": lambda: captum(CaptumSVS, n_samples=samples),
+        "ShapleyValueSampling, hookscope reuse=False": lambda: ShapleyValueSampling(
+            model, baseline=0, samples=samples, reuse=False
+        )(ids, answers),
+        "ShapleyValueSampling, hookscope": lambda: ShapleyValueSampling(model, baseline=0, samples=samples)(
+            ids, answers
+        ),
+    }
+    results: dict[str, Any] = {}
+    times = interleaved(kept(variants, results), repeats=rounds, warmup=0)  # no warm-up: each runs for seconds
+    rows = []
+    for method in ("FeatureAblation", "ShapleyValueSampling"):
+        reference = results[f"{method}, captum LLMAttribution"]
+        base = times[f"{method}, captum LLMAttribution"]
+        for name in [n for n in variants if n.startswith(method)]:
+            error = (results[name].double() - reference.double()).abs().max().item()
+            rows.append([name, f"{times[name]:.2f}", f"{base / times[name]:.1f}", f"{error:.1e}"])
+    return rows
+
+
+def resnet(rounds: int) -> list[list[Any]]:
+    from captum.attr import Occlusion as CaptumOcclusion
+
+    model = torchvision.models.resnet50(weights=None).eval()
+    x = torch.randn(1, 3, 224, 224)
+    window, stride = (3, 56, 56), (3, 28, 28)
+
+    def theirs(per_eval: int) -> torch.Tensor:
+        return CaptumOcclusion(model).attribute(
+            x, sliding_window_shapes=window, strides=stride, target=3, perturbations_per_eval=per_eval
+        )
+
+    def floor() -> None:
+        with torch.no_grad():
+            for _ in range(50):
+                model(x)
+
+    variants = {f"captum Occlusion, perturbations_per_eval={n}": (lambda n=n: theirs(n)) for n in (1, 7, 16, 49)}
+    variants["hookscope Occlusion"] = lambda: Occlusion(model, window, stride)(x, target=3)
+    variants["floor: 50 forwards of one image"] = floor
+    results: dict[str, Any] = {}
+    times = interleaved(kept(variants, results), repeats=rounds, warmup=1)
+    best = min((n for n in variants if n.startswith("captum")), key=times.__getitem__)
+    reference = results["captum Occlusion, perturbations_per_eval=1"]
+    rows = []
+    for name in variants:
+        error = "" if results[name] is None else f"{(results[name] - reference).abs().max().item():.1e}"
+        rows.append([name, f"{times[name]:.2f}", f"{times[best] / times[name]:.2f}", error])
+    return rows
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--rounds", type=int, default=1)
+    parser.add_argument("--samples", type=int, default=3)
+    parser.add_argument("--skip-smollm2", action="store_true")
+    parser.add_argument("--skip-resnet", action="store_true")
+    args = parser.parse_args()
+    setup(2)
+    warnings.simplefilter("ignore")
+    if not args.skip_smollm2:
+        rows = smollm2(args.samples, args.rounds)
+        if rows:
+            print("SmolLM2-135M, 20 IOI prompts of 14 tokens, token ablation (baseline token 0)")
+            print(table(["variant", "s", "x captum", "max |diff| vs captum"], rows))
+    if not args.skip_resnet:
+        print("\nresnet50 (random weights), 1 x 3 x 224 x 224, Occlusion window (3, 56, 56), stride (3, 28, 28)")
+        print(table(["variant", "s", "x captum's best", "max |diff| vs captum"], resnet(args.rounds)))
+
+
+if __name__ == "__main__":
+    main()

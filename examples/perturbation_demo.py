@@ -1,0 +1,140 @@
+"""Perturbation attributions on a real network and a real language model: no gradients, only forwards.
+
+1. EfficientNet-Lite0 with its ImageNet weights (see gradcam_demo.py) on the bundled photos (Grace Hopper, and with
+   scikit-image its cat and coffee cup), each for its top class: Occlusion (a 48 x 48 window, stride 24),
+   RISE (``--masks`` masks of a 7 x 7 grid) and KernelSHAP on superpixels (SLIC where scikit-image is installed,
+   else a 8 x 8 grid of squares; 150 coalitions), scored with the deletion and insertion curves of
+   ``attribution.metrics`` (area under the curve of the class probability: lower is better for deletion, higher for
+   insertion).
+2. SmolLM2-135M-Instruct on the 20 IOI prompts (``When Mary and John went to the store, John gave a drink to``):
+   token FeatureAblation and ShapleyValueSampling of the log-probability of the indirect object, with the
+   unperturbed prefix's keys/values reused (``reuse=True``, the default) and without: time, model calls and token
+   positions run, and the largest difference between the two (float rounding). Skipped where the weights are not
+   installed (see examples/_smollm2.py).
+
+Run: python examples/perturbation_demo.py [--out out/] [--masks 300] [--samples 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import sys
+import time
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt
+import torch
+
+sys.path.insert(0, str(Path(__file__).parent))
+from _efficientnet_lite0 import imagenet_categories, load_efficientnet_lite0, preprocess
+from _photos import photo
+
+from attribution import RISE, FeatureAblation, KernelSHAP, Occlusion, ShapleyValueSampling
+from attribution.metrics import deletion, insertion
+from attribution.plot import to_rgb
+
+
+def superpixels(image: torch.Tensor) -> torch.Tensor:
+    """About 50 SLIC superpixels of a preprocessed ``(3, H, W)`` image (ids 0..M-1), else an 8 x 8 grid."""
+    h, w = image.shape[-2:]
+    if importlib.util.find_spec("skimage") is None:
+        return (torch.arange(h)[:, None] * 8 // h * 8 + torch.arange(w)[None] * 8 // w)[None]
+    from skimage.segmentation import slic
+
+    segments = slic(image.permute(1, 2, 0).double().numpy(), n_segments=50, compactness=10, start_label=0)
+    return torch.unique(torch.from_numpy(segments), return_inverse=True)[1][None]
+
+
+def images_part(out: Path, masks: int) -> None:
+    model = load_efficientnet_lite0()
+    names = ["grace_hopper", "chelsea", "coffee"] if importlib.util.find_spec("skimage") else ["grace_hopper"]
+    images = torch.stack([preprocess(photo(name)) for name in names])
+    with torch.no_grad():
+        classes = model(images).argmax(dim=1)
+    categories = imagenet_categories()
+    start = time.perf_counter()
+    maps = {
+        "Occlusion": Occlusion(model, (3, 48, 48), (3, 24, 24))(images, classes),
+        "RISE": RISE(model, masks=masks, cell=7)(images, classes),
+        "KernelSHAP (superpixels)": torch.cat(
+            [
+                KernelSHAP(model, superpixels(image), samples=150)(image[None], c)
+                for image, c in zip(images, classes, strict=True)
+            ]
+        ),
+    }
+    took = time.perf_counter() - start
+    fig, axes = plt.subplots(len(names), 1 + len(maps), figsize=(3 * (1 + len(maps)), 3 * len(names)), squeeze=False)
+    for row, name in enumerate(names):
+        axes[row, 0].imshow(to_rgb(images[row], mean=(0.5,) * 3, std=(0.5,) * 3))
+        axes[row, 0].set_title(f"{name}: {categories[classes[row]]}", fontsize=8)
+        for col, (method, attributions) in enumerate(maps.items(), 1):
+            heat = attributions[row].mean(0)
+            bound = float(heat.abs().max()) or 1.0
+            axes[row, col].imshow(heat, cmap="RdBu_r", vmin=-bound, vmax=bound)
+            axes[row, col].set_title(method, fontsize=8)
+    for ax in axes.flat:
+        ax.axis("off")
+    fig.tight_layout()
+    fig.savefig(out / "perturbation_maps.png", dpi=70)
+    plt.close(fig)
+    print(f"EfficientNet-Lite0 on {len(names)} photos ({took:.0f} s for the maps); mean AUC of the class probability")
+    print("| method | deletion (lower is better) | insertion (higher is better) |\n|---|---|---|")
+    for method, attributions in maps.items():
+        pixels = attributions.mean(1)
+        low = deletion(model, images, pixels, classes, steps=25).auc.mean()
+        high = insertion(model, images, pixels, classes, steps=25).auc.mean()
+        print(f"| {method} | {low:.3f} | {high:.3f} |")
+
+
+def language_part(samples: int) -> None:
+    try:
+        from _smollm2 import ioi_prompts, load_smollm2
+    except ModuleNotFoundError as exc:
+        print(f"\nSmolLM2 part skipped: {exc}")
+        return
+    model, tokenizer = load_smollm2()
+    ioi = ioi_prompts(tokenizer)
+    positions = []
+    hook = model.get_input_embeddings().register_forward_pre_hook(lambda m, a: positions.append(a[0].numel()))
+    print(f"\nSmolLM2-135M, {len(ioi.io)} IOI prompts of {ioi.clean.shape[1]} tokens: log p(indirect object)")
+    print("| method | reuse | s | model calls | token positions run |\n|---|---|---|---|---|")
+    try:
+        for name, build in (
+            ("FeatureAblation", lambda reuse: FeatureAblation(model, reuse=reuse)),
+            ("ShapleyValueSampling", lambda reuse: ShapleyValueSampling(model, samples=samples, reuse=reuse)),
+        ):
+            results = []
+            for reuse in (True, False):
+                method, positions[:] = build(reuse), []
+                start = time.perf_counter()
+                results.append(method(ioi.clean, ioi.io))
+                took = time.perf_counter() - start
+                print(f"| {name} | {reuse} | {took:.1f} | {method.forwards} | {sum(positions)} |")
+            print(f"|   max difference | | {(results[0] - results[1]).abs().max():.1e} | | |")
+    finally:
+        hook.remove()
+    top = results[0].mean(0)
+    print("mean ShapleyValueSampling per position: " + ", ".join(f"{v:+.2f}" for v in top.tolist()))
+
+
+def main(out: Path, masks: int, samples: int) -> None:
+    torch.set_num_threads(2)
+    out.mkdir(parents=True, exist_ok=True)
+    start = time.perf_counter()
+    images_part(out, masks)
+    language_part(samples)
+    print(f"\nwrote {out}/perturbation_maps.png ({time.perf_counter() - start:.0f} s)")
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", type=Path, default=Path("out"))
+    parser.add_argument("--masks", type=int, default=300)
+    parser.add_argument("--samples", type=int, default=3)
+    args = parser.parse_args()
+    main(args.out, args.masks, args.samples)

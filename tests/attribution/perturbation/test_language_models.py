@@ -1,0 +1,133 @@
+"""Token ids of HuggingFace causal LMs: the prefix's keys/values reused exactly, the target, captum's LLMAttribution."""
+
+from __future__ import annotations
+
+import re
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from attribution import LIME, FeatureAblation, KernelSHAP, ShapleyValues, ShapleyValueSampling
+from attribution.perturbation._masks import default_token
+
+from ..models import lm64
+
+ROUNDING = {"rtol": 1e-9, "atol": 1e-11}  # the cached and the full attention sum in another order
+IDS = torch.tensor([[5, 9, 3, 17, 22, 8, 30, 11, 2], [1, 12, 3, 4, 25, 6, 7, 38, 9]])
+
+
+@pytest.fixture(scope="module", params=["llama", "gpt2"])
+def model(request):
+    return lm64(request.param)
+
+
+def tokens_run(model, method, ids, target):
+    """The attributions and the number of token positions the model ran (summed over rows)."""
+    seen = []
+    handle = model.get_input_embeddings().register_forward_pre_hook(lambda m, a: seen.append(a[0].numel()))
+    try:
+        return method(ids, target=target), sum(seen)
+    finally:
+        handle.remove()
+
+
+@pytest.mark.parametrize(
+    ("name", "per_forward"), [("ablation", 1), ("ablation", 3), ("ablation", None), ("sampling", 4), ("kernel", None)]
+)
+def test_prefix_reuse_equals_the_plain_rerun_and_runs_fewer_positions(model, name, per_forward):
+    mask = torch.tensor([0, 1, 1, 2, 3, 3, 4, 5, 6])
+    build = {
+        "ablation": lambda reuse: FeatureAblation(model, mask, 0, perturbations_per_forward=per_forward, reuse=reuse),
+        "sampling": lambda reuse: ShapleyValueSampling(
+            model, mask, 0, samples=3, perturbations_per_forward=per_forward, reuse=reuse
+        ),
+        "kernel": lambda reuse: KernelSHAP(
+            model, mask, 0, samples=20, perturbations_per_forward=per_forward, reuse=reuse
+        ),
+    }[name]
+    reused, cheap = tokens_run(model, build(True), IDS, 7)
+    plain, full = tokens_run(model, build(False), IDS, 7)
+    torch.testing.assert_close(reused, plain, **ROUNDING)
+    assert cheap < full
+
+
+def test_an_integer_target_is_the_log_probability_of_that_token_at_the_last_position(model):
+    ids = IDS[:1, :5]
+    got = FeatureAblation(model, baseline=0, perturbations_per_forward=2)(ids, target=13)
+    ablated = ids.clone()
+    ablated[0, 2] = 0
+
+    def log_prob(x):
+        return torch.log_softmax(model(x).logits[0, -1], -1)[13]
+
+    torch.testing.assert_close(got[0, 2], log_prob(ids) - log_prob(ablated), **ROUNDING)
+
+
+def test_target_none_is_the_top_next_token_and_a_callable_gets_the_full_output(model):
+    ids = IDS[:, :6]
+    top = model(ids).logits[:, -1].argmax(-1)
+    expected = FeatureAblation(model, baseline=0)(ids, target=top)
+    torch.testing.assert_close(FeatureAblation(model, baseline=0)(ids), expected, **ROUNDING)
+
+    def second_position(output):  # reads a position a cached run would not return
+        return torch.log_softmax(output.logits[:, 1], -1)[:, 4]
+
+    got = FeatureAblation(model, baseline=0)(ids, target=second_position)
+    assert torch.all(got[:, 2:] == 0) and torch.all(got[:, :2] != 0)  # later tokens cannot change position 1
+
+
+def test_exact_shapley_and_lime_take_token_ids(model):
+    mask = torch.tensor([0, 0, 1, 1, 2, 2, 3, 3, 3])
+    exact = ShapleyValues(model, mask, 0)(IDS, target=3)
+    torch.testing.assert_close(KernelSHAP(model, mask, 0)(IDS, target=3), exact, **ROUNDING)
+    assert LIME(model, mask, 0, samples=12)(IDS, target=3).shape == IDS.shape
+
+
+def test_the_default_baseline_token_is_pad_then_eos_then_zero():
+    assert default_token(SimpleNamespace(config=SimpleNamespace(pad_token_id=3, eos_token_id=4))) == 3
+    assert default_token(SimpleNamespace(config=SimpleNamespace(pad_token_id=None, eos_token_id=[7, 8]))) == 7
+    assert default_token(SimpleNamespace(config=SimpleNamespace())) == 0
+    assert default_token(torch.nn.Identity()) == 0
+
+
+# -- captum's LLMAttribution -----------------------------------------------------------------------------------
+class NumberTokenizer:
+    """Token ids written as numbers, ``"3 5 7"`` for ``[3, 5, 7]``: what captum's LLMAttribution asks of a tokenizer."""
+
+    def encode(self, text, return_tensors=None, add_special_tokens=True):
+        ids = [int(t) for t in text.split()]
+        return torch.tensor([ids]) if return_tensors == "pt" else ids
+
+    def decode(self, ids):
+        ids = ids.tolist() if isinstance(ids, torch.Tensor) else ids
+        return " ".join(str(i) for i in ([ids] if isinstance(ids, int) else ids))
+
+    def __call__(self, text, return_offsets_mapping=False, add_special_tokens=True, **kwargs):
+        spans = [(m.start(), m.end()) for m in re.finditer(r"\S+", text)]
+        return {"input_ids": [int(text[a:b]) for a, b in spans], "offset_mapping": spans}
+
+    def convert_ids_to_tokens(self, ids):
+        return [str(i) for i in ids]
+
+    def convert_tokens_to_ids(self, tokens):
+        return [int(t) for t in tokens]
+
+
+@pytest.mark.peers
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["FeatureAblation", "ShapleyValueSampling"])
+def test_parity_with_captums_llm_attribution(model, name):
+    captum_attr = pytest.importorskip("captum.attr")
+    ids = IDS[:1]
+    prompt = captum_attr.TextTokenInput(" ".join(map(str, ids[0].tolist())), NumberTokenizer(), baselines=0)
+    llm = captum_attr.LLMAttribution(getattr(captum_attr, name)(model), NumberTokenizer())
+    if name == "FeatureAblation":
+        expected = llm.attribute(prompt, target=torch.tensor([7])).seq_attr
+        got = FeatureAblation(model, baseline=0)(ids, target=7)
+    else:
+        torch.manual_seed(4)
+        expected = llm.attribute(prompt, target=torch.tensor([7]), n_samples=3).seq_attr
+        got = ShapleyValueSampling(model, baseline=0, samples=3, seed=4)(ids, target=7)
+    # captum accumulates and returns float32
+    torch.testing.assert_close(got[0], expected, rtol=1e-6, atol=1e-7, check_dtype=False)
