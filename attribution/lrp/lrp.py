@@ -5,9 +5,9 @@ One call runs the model once with a hook group on its layers and takes one backw
 * each convolution or linear layer (with a batch norm that directly follows it merged in) runs without autograd,
   and its output is handed on by a :class:`~attribution.lrp._functions.RuleFunction` whose backward is the
   layer's rule: the layer's own backward and its weight gradients never run;
-* elementwise activations get the ``Pass`` rule, average pools the ``Norm`` rule, residual sums of known blocks the
-  ``Norm`` rule on their two summands (:mod:`attribution.lrp.canonizers`); ReLU and max pooling keep their
-  gradient, which hands relevance on unchanged (ReLU) or to the winner (max pooling);
+* elementwise activations (ReLU included, as in zennit) get the ``Pass`` rule, average pools the ``Norm`` rule,
+  residual sums of known blocks the ``Norm`` rule on their two summands (:mod:`attribution.lrp.canonizers`); max
+  pooling keeps its gradient, which hands relevance to the winner;
 * the relevance at the output is the target's logit: the one-hot target times the output (zennit's
   ``attr_output = one_hot * output``), or for a callable target its gradient times the output.
 
@@ -34,7 +34,6 @@ from .rules import Layer, Pass, Rule
 __all__ = ["LRP"]
 
 GRADIENT = (
-    nn.ReLU,
     nn.MaxPool1d,
     nn.MaxPool2d,
     nn.MaxPool3d,
@@ -50,7 +49,7 @@ GRADIENT = (
     nn.Flatten,
     nn.Unflatten,
 )
-"""Modules whose gradient is already the relevance they hand on (ReLU passes it, max pooling gives it to the winner)."""
+"""Modules whose gradient is the relevance they hand on (max pooling gives it to the winner, the others pass it)."""
 ACTIVATIONS = (
     nn.ELU,
     nn.Hardshrink,
@@ -60,6 +59,7 @@ ACTIVATIONS = (
     nn.LeakyReLU,
     nn.LogSigmoid,
     nn.PReLU,
+    nn.ReLU,
     nn.ReLU6,
     nn.RReLU,
     nn.SELU,
@@ -75,7 +75,7 @@ ACTIVATIONS = (
     nn.Tanhshrink,
     nn.Threshold,
 )
-"""Elementwise activations: ``Pass`` rule (zennit's ``Activation`` types)."""
+"""Elementwise activations: ``Pass`` rule (zennit's ``Activation`` types but ``MultiheadAttention``, and ``Mish``)."""
 AVERAGE_POOLS = (
     nn.AvgPool1d,
     nn.AvgPool2d,

@@ -17,6 +17,7 @@ from attribution.lrp import (
     Flat,
     Gamma,
     Pass,
+    Rule,
     WSquare,
     ZBox,
     ZPlus,
@@ -182,6 +183,35 @@ def test_relevance_is_conserved_without_biases() -> None:
     ):
         relevance = LRP(model, composite)(x, target=[0, 2])
         torch.testing.assert_close(relevance.sum((1, 2, 3)), logits[[0, 1], [0, 2]], rtol=1e-10, atol=0.0)
+
+
+def two_neurons() -> nn.Sequential:
+    """``x -> W2 relu(W1 x)``, no biases; at x = (2, 1) the hidden pre-activations are 4 and -5."""
+    model = nn.Sequential(nn.Linear(2, 2, bias=False), nn.ReLU(), nn.Linear(2, 1, bias=False)).double()
+    with torch.no_grad():
+        model[0].weight.copy_(torch.tensor([[1.0, 2.0], [-3.0, 1.0]]))
+        model[2].weight.copy_(torch.tensor([[3.0, -1.0]]))
+    return model
+
+
+@pytest.mark.parametrize(
+    ("rule", "expected"),
+    [
+        # top: R_h = 12 * (9, 1) / 10 = (10.8, 1.2); bottom: 10.8 * (1, 4) / 5 + 1.2 * (9, 1) / 10
+        (WSquare(0.0), [3.24, 8.76]),
+        # top: R_h = 12 / 2 each; bottom: each hidden unit spreads its 6 evenly over the two inputs
+        (Flat(0.0), [6.0, 6.0]),
+    ],
+    ids=["WSquare", "Flat"],
+)
+def test_a_relu_passes_relevance_of_the_units_it_zeroes(rule: Rule, expected: list[float]) -> None:
+    """zennit's Pass on ReLU: under rules that ignore the input, the unit with output 0 keeps its relevance."""
+    model = two_neurons()
+    x = torch.tensor([[2.0, 1.0]], dtype=torch.float64)
+    relevance = LRP(model, Composite([(nn.Linear, rule)], stabilizer=0.0))(x, target=0)
+    torch.testing.assert_close(relevance, torch.tensor([expected], dtype=torch.float64), rtol=1e-14, atol=0.0)
+    assert float(model(x).detach()) == 12.0
+    assert float(relevance.sum()) == pytest.approx(12.0, rel=1e-14)  # all of the logit is conserved
 
 
 def test_a_callable_target_seeds_its_gradient_times_the_logits(two_layers: nn.Sequential) -> None:
