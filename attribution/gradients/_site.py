@@ -150,7 +150,7 @@ def check_inputs(inputs: Any, method: str, model: nn.Module, *, layer: str | Non
 
 def check_result(attributions: torch.Tensor, method: str) -> torch.Tensor:
     """Warn about NaN attributions and items whose attributions are all zero; return ``attributions``."""
-    flat = attributions.flatten(1)
+    flat = attributions.reshape(len(attributions), -1)  # also 1-D attributions: a batch of scalars
     if torch.isnan(flat).any():
         warn(
             f"{method}: the attributions contain NaN: the model's output or its gradient is not finite for these "

@@ -26,6 +26,7 @@ from attribution import (
     Saliency,
     SmoothGrad,
 )
+from tests.attribution.models import SCALAR_TARGETS, SCALARS, ScalarPolynomials, ScalarReLUs
 
 captum_attr = pytest.importorskip("captum.attr")
 torchvision = pytest.importorskip("torchvision")
@@ -174,3 +175,50 @@ def test_layer_input_x_gradient(case):
         x, target=target
     )
     torch.testing.assert_close(InputXGradient(model, layer=layer)(x, target), expected, **TIGHT)
+
+
+# -- 1-D inputs: captum takes a batch of scalars, and so does every method here ------------------------------------
+SCALAR_METHODS = {
+    "Saliency": (lambda m: Saliency(m, abs=False), lambda m: captum_attr.Saliency(m), {"abs": False}),
+    "InputXGradient": (InputXGradient, captum_attr.InputXGradient, {}),
+    "IntegratedGradients": (
+        lambda m: IntegratedGradients(m, steps=5, method="riemann_middle"),
+        captum_attr.IntegratedGradients,
+        {"n_steps": 5, "method": "riemann_middle"},
+    ),
+    "GuidedBackprop": (GuidedBackprop, captum_attr.GuidedBackprop, {}),
+    "Deconvolution": (Deconvolution, captum_attr.Deconvolution, {}),
+}
+
+
+@pytest.mark.filterwarnings("ignore:.*are all zero")
+@pytest.mark.parametrize("name", sorted(SCALAR_METHODS))
+@pytest.mark.parametrize("model", [ScalarPolynomials, ScalarReLUs])
+def test_a_batch_of_scalars_matches_captum(name, model):
+    ours, theirs, options = SCALAR_METHODS[name]
+    model = model().eval()
+    with float64_default():
+        expected = captum(theirs, model).attribute(SCALARS, target=SCALAR_TARGETS, **options)
+    got = ours(model)(SCALARS, SCALAR_TARGETS)
+    assert got.shape == SCALARS.shape
+    torch.testing.assert_close(got, expected.detach(), **STEP_SIZES_IN_FLOAT32)
+
+
+@pytest.mark.filterwarnings("ignore:SmoothGrad. items")
+def test_smoothgrad_of_a_batch_of_scalars_matches_captum_without_noise():
+    """Each item's range is 0, so the relative noise is 0: captum's NoiseTunnel with ``stdevs=0``."""
+    model = ScalarPolynomials()
+    tunnel = captum_attr.NoiseTunnel(captum(captum_attr.Saliency, model))
+    expected = tunnel.attribute(SCALARS, nt_type="smoothgrad", nt_samples=4, stdevs=0.0, target=SCALAR_TARGETS)
+    got = SmoothGrad(Saliency(model), samples=4, noise=0.2, seed=0)(SCALARS, SCALAR_TARGETS)
+    torch.testing.assert_close(got, expected, **TIGHT)
+
+
+@pytest.mark.parametrize("method", ["LayerGradientXActivation", "LayerIntegratedGradients"])
+def test_layer_variants_on_a_batch_of_scalars_match_captum(method):
+    model = ScalarPolynomials()
+    with float64_default():
+        expected = captum(getattr(captum_attr, method), model, model.scale).attribute(SCALARS, target=SCALAR_TARGETS)
+    ours = InputXGradient if method == "LayerGradientXActivation" else IntegratedGradients
+    got = ours(model, layer="scale")(SCALARS, SCALAR_TARGETS)
+    torch.testing.assert_close(got, expected.detach(), **STEP_SIZES_IN_FLOAT32)
