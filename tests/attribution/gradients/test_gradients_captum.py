@@ -130,6 +130,19 @@ def test_guided_gradcam(case):
     torch.testing.assert_close(got, expected, **TIGHT)
 
 
+@pytest.mark.filterwarnings("ignore:GuidedGradCAM. the attributions of item")
+def test_guided_gradcam_at_a_layer_an_inplace_relu_overwrites_matches_captum():
+    """captum 0.9 reads the convolution's true output too, not the tensor the ReLU(inplace=True) after it overwrote."""
+    model, layer = small_vgg(), "features.8"
+    assert isinstance(model.features[9], nn.ReLU) and model.features[9].inplace
+    torch.manual_seed(2)
+    x, target = torch.randn(3, 3, 32, 40, dtype=torch.float64), torch.tensor([1, 4, 2])
+    expected = captum(captum_attr.GuidedGradCam, model, model.get_submodule(layer)).attribute(x, target=target)
+    got = GuidedGradCAM(model, layer)(x, target)
+    assert float(got.abs().max()) > 0
+    torch.testing.assert_close(got, expected, **TIGHT)
+
+
 @pytest.mark.slow
 def test_smoothgrad_draws_captums_noise():
     """Same seed, same draw: captum's ``torch.normal`` on the global generator, ours on a generator of our own."""
