@@ -255,6 +255,61 @@ def test_a_conv_with_its_own_forward_gets_the_same_rule(rule: str) -> None:
     assert got.shape == x.shape and bool(torch.isfinite(got).all())
 
 
+class _CalledByKeyword(nn.Module):
+    """Conv, batch norm (merged), in-place ReLU, average pool and linear layers, called positionally or by keyword."""
+
+    def __init__(self, keyword: bool) -> None:
+        super().__init__()
+        self.keyword = keyword
+        self.conv = nn.Conv2d(2, 3, 3)
+        self.bn = nn.BatchNorm2d(3)
+        self.act = nn.ReLU(inplace=True)
+        self.pool = nn.AvgPool2d(2)
+        self.fc = nn.Linear(3 * 2 * 2, 2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        layers = (self.conv, self.bn, self.act, self.pool)
+        for layer in layers:
+            x = layer(input=x) if self.keyword else layer(x)
+        x = x.flatten(1)
+        return self.fc(input=x) if self.keyword else self.fc(x)
+
+
+def test_modules_called_by_keyword_get_the_same_relevance() -> None:
+    """``self.fc(input=x)``: the rules read the input from the keyword (it raised IndexError)."""
+    torch.manual_seed(4)
+    positional = _CalledByKeyword(keyword=False).double().eval()
+    positional.bn.running_var.uniform_(0.5, 2.0)
+    by_keyword = _CalledByKeyword(keyword=True).double().eval()
+    by_keyword.load_state_dict(positional.state_dict())
+    x = torch.randn(2, 2, 6, 6, dtype=torch.float64)
+    for composite in (EpsilonPlusFlat(), Composite([(nn.Linear, WSquare()), (nn.Conv2d, ZPlus())])):
+        expected = LRP(positional, composite)(x, target=[1, 0])
+        got = LRP(by_keyword, composite)(x, target=[1, 0])
+        assert bool(expected.abs().sum() > 0)
+        assert torch.equal(got, expected)
+
+
+def test_a_module_whose_input_has_no_name_is_named_with_the_keyword() -> None:
+    class Forwarding(nn.Linear):
+        def forward(self, *args: torch.Tensor, **kwargs: torch.Tensor) -> torch.Tensor:
+            return super().forward(*args, **kwargs)
+
+    class Model(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.fc = Forwarding(3, 2)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.fc(input=x)
+
+    model = Model()
+    before = _state(model)
+    with pytest.raises(ValueError, match=r"input of 'fc' \(Forwarding\).*first parameter 'args'.*\['input'\]"):
+        LRP(model)(torch.randn(2, 3), target=0)
+    assert _same(before, _state(model))
+
+
 # -- the model as it was found, and errors ------------------------------------------------------------------------
 def _state(model: nn.Module) -> list[tuple]:
     tensors = [(k, v.clone()) for k, v in model.state_dict().items()]
