@@ -6,13 +6,16 @@ A ``Dispatch`` holds only a weak reference to its slot, so a module never keeps 
 is garbage-collected turns its dispatchers into no-ops before its finaliser removes them.
 
 Copies never carry our hooks: modules that carry a ``Dispatch`` get an instance ``__getstate__`` that leaves them out
-of ``copy.deepcopy``, ``pickle`` and ``torch.save``; module classes with a ``__deepcopy__`` of their own (parametrized
-modules) also get an instance ``__deepcopy__`` that cleans the copy; a ``Dispatch`` copied by any other route is
-inert. Both attributes are deleted when the module carries no ``Dispatch`` any more.
+of ``copy.deepcopy``, ``pickle`` and ``torch.save``, and an instance ``__deepcopy__`` that, at copy time, takes the
+route the module's class takes (its own ``__deepcopy__``, as parametrized modules have, or the default one) and cleans
+the copy: a class may change after the hooks were registered (``parametrize.register_parametrization`` gives the
+module a subclass with a ``__deepcopy__``). A ``Dispatch`` copied by any other route is inert. Both attributes are
+deleted when the module carries no ``Dispatch`` any more.
 """
 
 from __future__ import annotations
 
+import copy
 import functools
 import threading
 import warnings
@@ -155,7 +158,7 @@ class StateFilter:
 
 
 class CopyFilter:
-    """Instance-level ``__deepcopy__`` for module classes that define their own (``parametrize`` does)."""
+    """Instance-level ``__deepcopy__``: the copy its class makes (its own ``__deepcopy__`` or the default), cleaned."""
 
     __slots__ = ("module_ref",)
 
@@ -166,7 +169,11 @@ class CopyFilter:
         module = self.module_ref()
         if module is None:  # pragma: no cover
             raise HookError("the module this copy filter belongs to no longer exists")
-        replica: nn.Module = type(module).__deepcopy__(module, memo)  # type: ignore[attr-defined]
+        own = getattr(type(module), "__deepcopy__", None)  # looked up now: the class may have changed since
+        if own is not None:
+            replica: nn.Module = own(module, memo)
+        else:  # what copy.deepcopy does for a class without one; the state comes from our __getstate__
+            replica = copy._reconstruct(module, memo, *module.__reduce_ex__(4))  # type: ignore[attr-defined]
         replica.__dict__.update(_without_dispatch(replica.__dict__))
         return replica
 
@@ -202,7 +209,7 @@ def install_copy_filters(module: nn.Module) -> None:
     """Make copies and pickles of ``module`` leave our dispatchers out."""
     if not isinstance(module.__dict__.get("__getstate__"), StateFilter):
         module.__dict__["__getstate__"] = StateFilter(module)
-    if hasattr(type(module), "__deepcopy__") and not isinstance(module.__dict__.get("__deepcopy__"), CopyFilter):
+    if not isinstance(module.__dict__.get("__deepcopy__"), CopyFilter):
         module.__dict__["__deepcopy__"] = CopyFilter(module)
 
 
