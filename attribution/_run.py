@@ -25,7 +25,7 @@ from typing import Any, Literal
 import torch
 from torch import nn
 
-from hooks import HookGroup, HookManager
+from hooks import HookGroup, HookManager, resolve
 
 from ._inputs import call
 
@@ -36,9 +36,15 @@ _HERE = str(Path(__file__).resolve().parent)
 
 # -- the model as it was found ----------------------------------------------------------------------------------
 def eager_module(model: nn.Module) -> nn.Module:
-    """The module behind ``torch.compile(model)`` (its ``_orig_mod``), else the model itself."""
+    """The module the hooks go on: the one behind ``torch.compile(model)`` (its ``_orig_mod``), else the model.
+
+    Every family takes the user's model through here before it reads the model's structure, so a model hooks
+    cannot hook (a TorchScript module) is refused here, with hooks' own error (:func:`hooks.resolve` raises it).
+    """
     inner = getattr(model, "_orig_mod", None)
-    return inner if isinstance(inner, nn.Module) else model
+    inner = inner if isinstance(inner, nn.Module) else model
+    resolve(inner, "")  # the model itself, resolved: TorchScript is refused, saying what to do instead
+    return inner
 
 
 @contextmanager

@@ -25,7 +25,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from .._run import HookedRun, SiteValueError, no_dependence, warn
+from .._run import HookedRun, SiteValueError, eager_module, no_dependence, warn
 from ..targets import Target, check_target, class_indices, class_logits
 from ._functions import NormFunction, PassFunction, RuleFunction, SumFunction
 from .canonizers import AFFINE, BATCH_NORMS, Residual, merge, merged_batch_norms, residual_blocks, units
@@ -176,7 +176,7 @@ class LRP:
             raise TypeError(
                 f"`composite` must be an attribution.lrp Composite such as EpsilonPlusFlat(); got {composite!r}"
             )
-        self.model = model
+        self.model = eager_module(model)  # torch.compile(model): its module, run eagerly (hooks need that)
         self.composite = composite if composite is not None else EpsilonPlusFlat()
         self._layers = _Layers()
 
