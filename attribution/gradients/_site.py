@@ -19,7 +19,7 @@ from torch import nn
 from hooks import HookGroup
 
 from .._run import HookedRun, SiteTypeError, SiteValueError, did_not_run, no_dependence, warn
-from ..targets import Target, _indices, class_indices, class_logits, target_scores
+from ..targets import Target, class_indices, class_logits, target_indices, target_scores
 
 
 @dataclass
@@ -125,7 +125,7 @@ def repeat_target(target: Target, times: int, *, interleave: bool = False) -> Ta
     """
     if target is None or callable(target):
         return target
-    index = _indices(target, "`target`")
+    index = target_indices(target, "`target`")
     assert index is not None
     if index.dim() == 0:
         return index
