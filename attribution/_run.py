@@ -19,6 +19,7 @@ import inspect
 import warnings
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import ExitStack, contextmanager
+from contextvars import ContextVar
 from pathlib import Path
 from typing import Any, Literal
 
@@ -188,13 +189,62 @@ def describe(inputs: Any) -> str:
 
 
 def warn(message: str, category: type[Warning] = UserWarning) -> None:
-    """Warn, attributed to the first caller outside this package (every user-facing warning goes through here)."""
+    """Warn, attributed to the first caller outside this package (every user-facing warning goes through here).
+
+    Inside :meth:`WarningScope.active`, a cause (the line of the package that calls ``warn``, and the category) warns
+    only the first time in the scope.
+    """
     frame = inspect.currentframe()
+    scope = _ONCE.get()
+    if scope is not None and frame is not None and frame.f_back is not None:
+        cause = (frame.f_back.f_code.co_filename, frame.f_back.f_lineno, category)
+        if cause in scope.seen:
+            return
+        scope.seen.add(cause)
+        message = f"{message} ({scope.note})"
     level = 1
     while frame is not None and frame.f_code.co_filename.startswith(_HERE):
         frame = frame.f_back
         level += 1
     warnings.warn(message, category, stacklevel=level)
+
+
+class WarningScope:
+    """Where each cause of :func:`warn` warns once over many calls (a run of many batches), with a note added.
+
+    A cause is the line of the package that calls :func:`warn`, with the warning's category. The calls are the
+    bodies of :meth:`active`; ``note`` may be changed between them (which batch runs).
+
+    Example:
+        >>> import warnings
+        >>> scope = WarningScope("shown once per run")
+        >>> with warnings.catch_warnings(record=True) as caught:
+        ...     warnings.simplefilter("always")
+        ...     for batch in range(3):
+        ...         with scope.active():
+        ...             warn("the map is all zeros")
+        >>> [str(w.message) for w in caught]
+        ['the map is all zeros (shown once per run)']
+    """
+
+    def __init__(self, note: str) -> None:
+        self.note = note
+        self.seen: set[tuple[str, int, type[Warning]]] = set()
+
+    @contextmanager
+    def active(self) -> Iterator[None]:
+        """Count the warnings of the body in this scope; inside another scope's body, that one counts them."""
+        if _ONCE.get() is not None:
+            yield
+            return
+        token = _ONCE.set(self)
+        try:
+            yield
+        finally:
+            _ONCE.reset(token)
+
+
+_ONCE: ContextVar[WarningScope | None] = ContextVar("attribution_warning_scope", default=None)
 
 
 # -- sites: which tensor of a module's output or arguments ------------------------------------------------------
