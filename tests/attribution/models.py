@@ -191,6 +191,9 @@ class ScalarReLUs(nn.Module):
         return self.relu(torch.stack([x, -x], 1)) * torch.tensor([2.0, -3.0], dtype=x.dtype)
 
 
-SCALARS = torch.tensor([1.5, -2.0, -0.5], dtype=torch.float64)
-"""1-D inputs: three items of one number each."""
+def scalars() -> torch.Tensor:
+    """1-D inputs: three items of one number each (a fresh tensor: peer libraries set ``requires_grad`` on theirs)."""
+    return torch.tensor([1.5, -2.0, -0.5], dtype=torch.float64)
+
+
 SCALAR_TARGETS = [0, 1, 1]

@@ -26,7 +26,7 @@ from attribution import (
     Saliency,
     SmoothGrad,
 )
-from tests.attribution.models import SCALAR_TARGETS, SCALARS, ScalarPolynomials, ScalarReLUs
+from tests.attribution.models import SCALAR_TARGETS, ScalarPolynomials, ScalarReLUs, scalars
 
 captum_attr = pytest.importorskip("captum.attr")
 torchvision = pytest.importorskip("torchvision")
@@ -205,15 +205,16 @@ SCALAR_METHODS = {
 
 
 @pytest.mark.filterwarnings("ignore:.*are all zero")
+@pytest.mark.filterwarnings("ignore:.*the model has no ReLU")  # the modified-ReLU methods on the polynomials
 @pytest.mark.parametrize("name", sorted(SCALAR_METHODS))
 @pytest.mark.parametrize("model", [ScalarPolynomials, ScalarReLUs])
 def test_a_batch_of_scalars_matches_captum(name, model):
     ours, theirs, options = SCALAR_METHODS[name]
     model = model().eval()
     with float64_default():
-        expected = captum(theirs, model).attribute(SCALARS, target=SCALAR_TARGETS, **options)
-    got = ours(model)(SCALARS, SCALAR_TARGETS)
-    assert got.shape == SCALARS.shape
+        expected = captum(theirs, model).attribute(scalars(), target=SCALAR_TARGETS, **options)
+    got = ours(model)(scalars(), SCALAR_TARGETS)
+    assert got.shape == (3,)
     torch.testing.assert_close(got, expected.detach(), **STEP_SIZES_IN_FLOAT32)
 
 
@@ -222,8 +223,8 @@ def test_smoothgrad_of_a_batch_of_scalars_matches_captum_without_noise():
     """Each item's range is 0, so the relative noise is 0: captum's NoiseTunnel with ``stdevs=0``."""
     model = ScalarPolynomials()
     tunnel = captum_attr.NoiseTunnel(captum(captum_attr.Saliency, model))
-    expected = tunnel.attribute(SCALARS, nt_type="smoothgrad", nt_samples=4, stdevs=0.0, target=SCALAR_TARGETS)
-    got = SmoothGrad(Saliency(model), samples=4, noise=0.2, seed=0)(SCALARS, SCALAR_TARGETS)
+    expected = tunnel.attribute(scalars(), nt_type="smoothgrad", nt_samples=4, stdevs=0.0, target=SCALAR_TARGETS)
+    got = SmoothGrad(Saliency(model), samples=4, noise=0.2, seed=0)(scalars(), SCALAR_TARGETS)
     torch.testing.assert_close(got, expected, **TIGHT)
 
 
@@ -231,7 +232,7 @@ def test_smoothgrad_of_a_batch_of_scalars_matches_captum_without_noise():
 def test_layer_variants_on_a_batch_of_scalars_match_captum(method):
     model = ScalarPolynomials()
     with float64_default():
-        expected = captum(getattr(captum_attr, method), model, model.scale).attribute(SCALARS, target=SCALAR_TARGETS)
+        expected = captum(getattr(captum_attr, method), model, model.scale).attribute(scalars(), target=SCALAR_TARGETS)
     ours = InputXGradient if method == "LayerGradientXActivation" else IntegratedGradients
-    got = ours(model, layer="scale")(SCALARS, SCALAR_TARGETS)
+    got = ours(model, layer="scale")(scalars(), SCALAR_TARGETS)
     torch.testing.assert_close(got, expected.detach(), **STEP_SIZES_IN_FLOAT32)

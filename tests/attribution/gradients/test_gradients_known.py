@@ -18,7 +18,7 @@ from attribution import (
     SmoothGrad,
 )
 from attribution.gradients._quadrature import nodes_and_weights
-from tests.attribution.models import SCALAR_TARGETS, SCALARS, ScalarPolynomials, ScalarReLUs
+from tests.attribution.models import SCALAR_TARGETS, ScalarPolynomials, ScalarReLUs, scalars
 
 RULES = ["gausslegendre", "riemann_left", "riemann_right", "riemann_middle", "riemann_trapezoid"]
 
@@ -283,19 +283,19 @@ SCALAR_CASES = {
 @pytest.mark.parametrize("layer", [None, "scale"], ids=["input", "layer"])
 def test_a_batch_of_scalars_gets_the_hand_worked_gradients(name, layer):
     make, expected = SCALAR_CASES[name]
-    got = make(ScalarPolynomials(), layer=layer)(SCALARS, SCALAR_TARGETS)
+    got = make(ScalarPolynomials(), layer=layer)(scalars(), SCALAR_TARGETS)
     torch.testing.assert_close(got, torch.tensor(expected, dtype=torch.float64), rtol=1e-14, atol=0.0)
 
 
 def test_integrated_gradients_of_scalars_reports_one_delta_per_item():
-    _, delta = IntegratedGradients(ScalarPolynomials(), steps=3)(SCALARS, SCALAR_TARGETS, return_delta=True)
+    _, delta = IntegratedGradients(ScalarPolynomials(), steps=3)(scalars(), SCALAR_TARGETS, return_delta=True)
     assert delta.shape == (3,) and float(delta.abs().max()) < 1e-14
 
 
 def test_smoothgrad_of_scalars_adds_no_noise_and_says_so():
     """An item of 1-D inputs is one number: its range, and so the relative noise, is 0."""
     with pytest.warns(UserWarning, match=r"items \[0, 1, 2\] are constant"):
-        got = SmoothGrad(Saliency(ScalarPolynomials()), samples=4, noise=0.2, seed=0)(SCALARS, SCALAR_TARGETS)
+        got = SmoothGrad(Saliency(ScalarPolynomials()), samples=4, noise=0.2, seed=0)(scalars(), SCALAR_TARGETS)
     torch.testing.assert_close(got, torch.tensor([3.0, 12.0, 0.75], dtype=torch.float64), rtol=1e-14, atol=0.0)
 
 
@@ -307,5 +307,5 @@ def test_smoothgrad_of_scalars_adds_no_noise_and_says_so():
 )
 def test_modified_relus_on_a_batch_of_scalars(method, expected):
     with pytest.warns(UserWarning, match="item 2 are all zero|items .* are all zero"):
-        got = method(ScalarReLUs())(SCALARS, [0, 0, 1])
+        got = method(ScalarReLUs())(scalars(), [0, 0, 1])
     torch.testing.assert_close(got, torch.tensor(expected, dtype=torch.float64), rtol=0.0, atol=0.0)
