@@ -1,4 +1,4 @@
-"""Tensor arithmetic shared by the families and the plots: precision, scaling, resizing, token grids, images."""
+"""Tensor arithmetic shared by the families and the plots: precision, scaling, resizing, token grids, images, ranks."""
 
 from __future__ import annotations
 
@@ -154,3 +154,34 @@ def map_array(saliency: Any, size: tuple[int, int]) -> np.ndarray:
     if tuple(s.shape) != size:
         s = F.interpolate(s[None, None], size=size, mode="bilinear", align_corners=False)[0, 0]
     return s.numpy()
+
+
+# -- rank correlation (the metrics and the plots) ---------------------------------------------------------------
+def average_ranks(values: torch.Tensor) -> torch.Tensor:
+    """Ranks ``(B, N)`` of each row of ``values``, 0-based, tied values sharing the mean of their ranks."""
+    ordered, order = values.sort(dim=1, stable=True)
+    starts = torch.ones_like(ordered, dtype=torch.bool)
+    starts[:, 1:] = ordered[:, 1:] != ordered[:, :-1]
+    group = starts.cumsum(dim=1) - 1  # (B, N): which run of equal values each sorted position belongs to
+    positions = torch.arange(values.shape[1], dtype=torch.float64, device=values.device).expand(values.shape)
+    total = torch.zeros_like(positions).scatter_add_(1, group, positions)
+    size = torch.zeros_like(positions).scatter_add_(1, group, torch.ones_like(positions))
+    mean = (total / size.clamp(min=1)).gather(1, group)
+    return torch.empty_like(mean).scatter_(1, order, mean)
+
+
+def spearman(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """Spearman rank correlation ``(B,)`` between the maps ``a`` and ``b`` ``(B, ...)``, ties given average ranks.
+
+    The Pearson correlation of the ranks; NaN where a map is constant (its ranks have no variance).
+    """
+    ra, rb = average_ranks(a.flatten(1).double()), average_ranks(b.flatten(1).double())
+    ra = ra - ra.mean(dim=1, keepdim=True)
+    rb = rb - rb.mean(dim=1, keepdim=True)
+    rho = (ra * rb).sum(dim=1) / (ra.norm(dim=1) * rb.norm(dim=1))
+    return torch.where(unfinite_items(a) | unfinite_items(b), torch.nan, rho)
+
+
+def unfinite_items(maps: torch.Tensor) -> torch.Tensor:
+    """``(B,)``: whether each map holds a NaN or an infinity (it has no ranks: its correlations are NaN)."""
+    return (~torch.isfinite(maps.flatten(1))).any(dim=1)

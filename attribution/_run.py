@@ -19,13 +19,14 @@ import inspect
 import warnings
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import ExitStack, contextmanager
+from contextvars import ContextVar
 from pathlib import Path
 from typing import Any, Literal
 
 import torch
 from torch import nn
 
-from hooks import HookGroup, HookManager
+from hooks import HookGroup, HookManager, resolve
 
 from ._inputs import call
 
@@ -36,9 +37,15 @@ _HERE = str(Path(__file__).resolve().parent)
 
 # -- the model as it was found ----------------------------------------------------------------------------------
 def eager_module(model: nn.Module) -> nn.Module:
-    """The module behind ``torch.compile(model)`` (its ``_orig_mod``), else the model itself."""
+    """The module the hooks go on: the one behind ``torch.compile(model)`` (its ``_orig_mod``), else the model.
+
+    Every family takes the user's model through here before it reads the model's structure, so a model hooks
+    cannot hook (a TorchScript module) is refused here, with hooks' own error (:func:`hooks.resolve` raises it).
+    """
     inner = getattr(model, "_orig_mod", None)
-    return inner if isinstance(inner, nn.Module) else model
+    inner = inner if isinstance(inner, nn.Module) else model
+    resolve(inner, "")  # the model itself, resolved: TorchScript is refused, saying what to do instead
+    return inner
 
 
 @contextmanager
@@ -184,13 +191,62 @@ def describe(inputs: Any) -> str:
 
 
 def warn(message: str, category: type[Warning] = UserWarning) -> None:
-    """Warn, attributed to the first caller outside this package (every user-facing warning goes through here)."""
+    """Warn, attributed to the first caller outside this package (every user-facing warning goes through here).
+
+    Inside :meth:`WarningScope.active`, a cause (the line of the package that calls ``warn``, and the category) warns
+    only the first time in the scope.
+    """
     frame = inspect.currentframe()
+    scope = _ONCE.get()
+    if scope is not None and frame is not None and frame.f_back is not None:
+        cause = (frame.f_back.f_code.co_filename, frame.f_back.f_lineno, category)
+        if cause in scope.seen:
+            return
+        scope.seen.add(cause)
+        message = f"{message} ({scope.note})"
     level = 1
     while frame is not None and frame.f_code.co_filename.startswith(_HERE):
         frame = frame.f_back
         level += 1
     warnings.warn(message, category, stacklevel=level)
+
+
+class WarningScope:
+    """Where each cause of :func:`warn` warns once over many calls (a run of many batches), with a note added.
+
+    A cause is the line of the package that calls :func:`warn`, with the warning's category. The calls are the
+    bodies of :meth:`active`; ``note`` may be changed between them (which batch runs).
+
+    Example:
+        >>> import warnings
+        >>> scope = WarningScope("shown once per run")
+        >>> with warnings.catch_warnings(record=True) as caught:
+        ...     warnings.simplefilter("always")
+        ...     for batch in range(3):
+        ...         with scope.active():
+        ...             warn("the map is all zeros")
+        >>> [str(w.message) for w in caught]
+        ['the map is all zeros (shown once per run)']
+    """
+
+    def __init__(self, note: str) -> None:
+        self.note = note
+        self.seen: set[tuple[str, int, type[Warning]]] = set()
+
+    @contextmanager
+    def active(self) -> Iterator[None]:
+        """Count the warnings of the body in this scope; inside another scope's body, that one counts them."""
+        if _ONCE.get() is not None:
+            yield
+            return
+        token = _ONCE.set(self)
+        try:
+            yield
+        finally:
+            _ONCE.reset(token)
+
+
+_ONCE: ContextVar[WarningScope | None] = ContextVar("attribution_warning_scope", default=None)
 
 
 # -- sites: which tensor of a module's output or arguments ------------------------------------------------------

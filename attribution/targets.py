@@ -52,7 +52,7 @@ class ClassLogit:
     """
 
     def __init__(self, classes: int | Sequence[int] | np.ndarray | torch.Tensor) -> None:
-        self.classes = _indices(classes, "`classes`")
+        self.classes = target_indices(classes, "`classes`")
         if self.classes is None:
             raise TypeError("`classes` must be an integer or integers, one per item; got None")
 
@@ -89,7 +89,7 @@ class Segmentation:
         category: int | Sequence[int] | np.ndarray | torch.Tensor,
         mask: torch.Tensor | np.ndarray | None = None,
     ) -> None:
-        self.category = _indices(category, "`category`")
+        self.category = target_indices(category, "`category`")
         if self.category is None:
             raise TypeError("`category` must be an integer or integers, one per image; got None")
         self.mask = None if mask is None else torch.as_tensor(mask)
@@ -196,8 +196,17 @@ class Detection:
 
 
 # -- used by the methods ------------------------------------------------------------------------------------------
-def _indices(target: Any, what: str) -> torch.Tensor | None:
-    """Integer class(es) as a 0-d or 1-D long tensor (``None`` stays ``None``); anything else is a ``TypeError``."""
+def target_indices(target: Any, what: str) -> torch.Tensor | None:
+    """Integer class(es) as a 0-d or 1-D long tensor (``None`` stays ``None``); anything else is a ``TypeError``.
+
+    Args:
+        target: ``None``, an integer, or integers (a sequence, numpy array or 1-D tensor).
+        what: the argument's name in the error message, e.g. ``"`target`"``.
+
+    Example:
+        >>> target_indices([2, 0], "`target`"), target_indices(3, "`target`")
+        (tensor([2, 0]), tensor(3))
+    """
     if target is None:
         return None
     if isinstance(target, bool) or isinstance(target, np.bool_):
@@ -228,7 +237,7 @@ def check_target(target: Target, batch: int) -> None:
     """Reject a target of the wrong kind or length before any forward runs."""
     if target is None or callable(target):
         return
-    index = _indices(target, "`target`")
+    index = target_indices(target, "`target`")
     if index is not None and index.dim() == 1 and len(index) != batch:
         raise ValueError(f"`target` has {len(index)} entries but the batch has {batch} items; give one class per item")
 
@@ -266,7 +275,7 @@ def class_indices(logits: torch.Tensor, target: Any, batch: int) -> torch.Tensor
     classes = logits.shape[1]
     if target is None:
         return logits.detach().argmax(dim=1)
-    index = target if isinstance(target, torch.Tensor) else _indices(target, "`target`")
+    index = target if isinstance(target, torch.Tensor) else target_indices(target, "`target`")
     assert index is not None
     index = index.to(logits.device).long().expand(batch)
     bad = index[(index < 0) | (index >= classes)]

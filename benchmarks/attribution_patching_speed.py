@@ -35,8 +35,8 @@ from typing import Any
 import torch
 
 from attribution import activation_patching
+from attribution._maps import spearman
 from attribution.attribution_patching import attribution_patching
-from attribution.metrics._similarity import spearman
 from benchmarks._timing import interleaved, setup, table
 from benchmarks.patching_speed import CONFIG, inputs
 from tests.attribution.models import TinyGPT

@@ -5,14 +5,17 @@ A :class:`ModuleSlot` belongs to one manager and one module. It installs at most
 A ``Dispatch`` holds only a weak reference to its slot, so a module never keeps a manager alive, and a manager that
 is garbage-collected turns its dispatchers into no-ops before its finaliser removes them.
 
-Copies never carry our hooks: modules that carry a ``Dispatch`` get an instance ``__getstate__`` that leaves them out
-of ``copy.deepcopy``, ``pickle`` and ``torch.save``; module classes with a ``__deepcopy__`` of their own (parametrized
-modules) also get an instance ``__deepcopy__`` that cleans the copy; a ``Dispatch`` copied by any other route is
-inert. Both attributes are deleted when the module carries no ``Dispatch`` any more.
+Copies never carry our hooks: modules that carry a ``Dispatch`` get a :class:`CopyFilter` as instance ``__getstate__``,
+which leaves them out of ``copy.deepcopy``, ``pickle`` and ``torch.save``, and as instance ``__deepcopy__``, which at
+copy time takes the route the module's class takes (its own ``__deepcopy__``, as parametrized modules have, or the
+default one) and cleans the copy: a class may change after the hooks were registered
+(``parametrize.register_parametrization`` gives the module a subclass with a ``__deepcopy__``). A ``Dispatch`` copied
+by any other route is inert. Both attributes are deleted when the module carries no ``Dispatch`` any more.
 """
 
 from __future__ import annotations
 
+import copy
 import functools
 import threading
 import warnings
@@ -34,6 +37,7 @@ if TYPE_CHECKING:
 
 _HOOK_DICTS = ("_forward_pre_hooks", "_forward_hooks")
 _ID_DICTS = ("_forward_pre_hooks_with_kwargs", "_forward_hooks_with_kwargs", "_forward_hooks_always_called")
+_FILTERS = ("__getstate__", "__deepcopy__")  # the instance attributes a CopyFilter is set as
 _MAX_PENDING = 64  # unfinished calls kept per thread when forwards raised between the two phases
 
 
@@ -136,48 +140,41 @@ def _warn_lost(records: list[BackwardCall]) -> None:
 
 
 # -- copies and pickles ----------------------------------------------------------------------------------------------
-class StateFilter:
-    """Instance-level ``__getstate__`` that drops every :class:`Dispatch` from the state a copy or pickle sees."""
-
-    __slots__ = ("module_ref",)
-
-    def __init__(self, module: nn.Module) -> None:
-        self.module_ref = weakref.ref(module)
-
-    def __call__(self) -> dict[str, Any]:
-        module = self.module_ref()
-        if module is None:  # pragma: no cover - the attribute lives in the module's own __dict__
-            raise HookError("the module this state filter belongs to no longer exists")
-        return _without_dispatch(dict(type(module).__getstate__(module)))
-
-    def __deepcopy__(self, memo: dict[int, Any]) -> StateFilter:
-        return self  # only reached through a class-level __deepcopy__; CopyFilter cleans that copy
-
-
 class CopyFilter:
-    """Instance-level ``__deepcopy__`` for module classes that define their own (``parametrize`` does)."""
+    """Instance-level ``__getstate__`` and ``__deepcopy__`` (one object, both attributes): copies leave us out.
+
+    Called without an argument (``__getstate__``), it returns the module's state without any :class:`Dispatch`;
+    called with the ``memo`` (``__deepcopy__``), it makes the copy the module's class makes, looked up at copy time
+    (its own ``__deepcopy__``, as parametrized modules have, or the default one), and cleans it.
+    """
 
     __slots__ = ("module_ref",)
 
     def __init__(self, module: nn.Module) -> None:
         self.module_ref = weakref.ref(module)
 
-    def __call__(self, memo: dict[int, Any]) -> nn.Module:
+    def __call__(self, memo: dict[int, Any] | None = None) -> Any:
         module = self.module_ref()
-        if module is None:  # pragma: no cover
+        if module is None:  # pragma: no cover - the attribute lives in the module itself
             raise HookError("the module this copy filter belongs to no longer exists")
-        replica: nn.Module = type(module).__deepcopy__(module, memo)  # type: ignore[attr-defined]
+        if memo is None:
+            return _without_dispatch(dict(type(module).__getstate__(module)))
+        own = getattr(type(module), "__deepcopy__", None)  # looked up now: the class may have changed since
+        if own is not None:
+            replica: nn.Module = own(module, memo)
+        else:  # what copy.deepcopy does for a class without one; the state comes from our __getstate__
+            replica = copy._reconstruct(module, memo, *module.__reduce_ex__(4))  # type: ignore[attr-defined]
         replica.__dict__.update(_without_dispatch(replica.__dict__))
         return replica
 
     def __deepcopy__(self, memo: dict[int, Any]) -> CopyFilter:
-        return self
+        return self  # only reached through a class-level __deepcopy__, which the instance one calls and cleans
 
 
 def _without_dispatch(state: dict[str, Any]) -> dict[str, Any]:
     """A module state without our dispatchers and without our instance attributes."""
-    for attr in ("__getstate__", "__deepcopy__"):
-        if isinstance(state.get(attr), (StateFilter, CopyFilter)):
+    for attr in _FILTERS:
+        if isinstance(state.get(attr), CopyFilter):
             del state[attr]
     dropped: set[int] = set()
     for attr in _HOOK_DICTS:
@@ -200,17 +197,16 @@ def carries_dispatch(module: nn.Module) -> bool:
 
 def install_copy_filters(module: nn.Module) -> None:
     """Make copies and pickles of ``module`` leave our dispatchers out."""
-    if not isinstance(module.__dict__.get("__getstate__"), StateFilter):
-        module.__dict__["__getstate__"] = StateFilter(module)
-    if hasattr(type(module), "__deepcopy__") and not isinstance(module.__dict__.get("__deepcopy__"), CopyFilter):
-        module.__dict__["__deepcopy__"] = CopyFilter(module)
+    if not isinstance(module.__dict__.get("__deepcopy__"), CopyFilter):
+        copy_filter = CopyFilter(module)  # one object for both attributes: one fewer for the garbage collector
+        module.__dict__.update(dict.fromkeys(_FILTERS, copy_filter))
 
 
 def _drop_copy_filters(module: nn.Module) -> None:
     if carries_dispatch(module):
         return
-    for attr, kind in (("__getstate__", StateFilter), ("__deepcopy__", CopyFilter)):
-        if isinstance(module.__dict__.get(attr), kind):
+    for attr in _FILTERS:
+        if isinstance(module.__dict__.get(attr), CopyFilter):
             del module.__dict__[attr]
 
 

@@ -118,7 +118,7 @@ class HookHandle:
     """
 
     __slots__ = (
-        "__weakref__", "_global", "_on", "_threads", "asks", "fn", "group", "kind", "module", "module_name",
+        "__weakref__", "_global", "_on", "_others", "_thread", "asks", "fn", "group", "kind", "module", "module_name",
         "removed", "seq", "with_kwargs",
     )  # fmt: skip
 
@@ -144,7 +144,9 @@ class HookHandle:
         self.asks = asks
         self._global = group.threads == "all"
         self._on = False  # active everywhere (threads="all" groups only)
-        self._threads: set[threading.Thread] = set()  # the threads it is active in (other groups)
+        # the threads it is active in (other groups): one, the common case, needs no set for the garbage collector
+        self._thread: threading.Thread | None = None
+        self._others: set[threading.Thread] | None = None
         self.with_kwargs = with_kwargs
 
     # -- calling ----------------------------------------------------------------------------------------------
@@ -197,11 +199,11 @@ class HookHandle:
     # -- activation --------------------------------------------------------------------------------------------
     def fires(self, thread: threading.Thread) -> bool:
         """Whether the hook fires for a forward call made by ``thread``."""
-        return self._on or thread in self._threads
+        return self._on or thread is self._thread or (self._others is not None and thread in self._others)
 
     def is_active(self) -> bool:
         """Whether the hook fires for forwards run by the calling thread."""
-        return self._on or threading.current_thread() in self._threads
+        return self.fires(threading.current_thread())
 
     @property
     def active(self) -> bool:
@@ -210,25 +212,33 @@ class HookHandle:
 
     def active_elsewhere(self) -> bool:
         """Whether the hook is active in a thread other than the calling one (per-thread groups only)."""
-        threads = self._threads
-        return bool(threads) and (len(threads) > 1 or threading.current_thread() not in threads)
+        current = threading.current_thread()
+        return any(t is not current for t in (self._thread, *(self._others or ())) if t is not None)
 
     def activate(self) -> HookHandle:
         """Let the hook fire (in this thread, or in every thread for a ``threads="all"`` group); it keeps its place."""
         if self.removed:
             raise HookError(f"{self.describe()} was removed; register it again")
+        thread = threading.current_thread()
         if self._global:
             self._on = True
+        elif self._thread is None or self._thread is thread:
+            self._thread = thread
+        elif self._others is None:
+            self._others = {thread}
         else:
-            self._threads.add(threading.current_thread())
+            self._others.add(thread)
         return self
 
     def deactivate(self) -> HookHandle:
         """Stop the hook from firing without unregistering it; :meth:`activate` puts it back at the same place."""
+        thread = threading.current_thread()
         if self._global:
             self._on = False
-        else:
-            self._threads.discard(threading.current_thread())
+        elif self._thread is thread:
+            self._thread = self._others.pop() if self._others else None
+        elif self._others is not None:
+            self._others.discard(thread)
         return self
 
     def remove(self) -> None:

@@ -9,7 +9,7 @@ from typing import Union
 
 from torch import nn
 
-from ._compiled import unwrap_compiled
+from ._compiled import check_not_scripted, unwrap_compiled
 from ._errors import ModuleNotFoundInModelError
 
 ModuleTarget = Union[str, nn.Module, type, Sequence["ModuleTarget"]]  # noqa: UP007 (a recursive alias needs Union on 3.10)
@@ -86,6 +86,8 @@ def resolve(
         >>> [name for name, _ in resolve(model, ["1", "0"])]
         ['0', '1']
     """
+    if model is not None:
+        check_not_scripted(model, "`model`")
     index = index if index is not None and index.model is model else ModelIndex(model)
     if isinstance(target, str) and model is not None and not _GLOB_CHARS & set(target):
         return [(target, index.module(target, what))]  # the common case: one name, found by walking its path

@@ -62,3 +62,41 @@ def test_importing_hooks_does_not_import_dynamo():
     code = "import sys, hooks, attribution; print('torch._dynamo' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
+
+
+# Files another engineer is rewriting, which still import private names of other families (reported, not fixed here).
+PRIVATE_IMPORTS_UNDER_REWRITE = {
+    "circuits/_runs.py",
+    "circuits/edges.py",
+    "circuits/evaluate.py",  # needs patching/_sweep.py and _replay.py, which are being rewritten, to move helpers out
+    "generation/attribute.py",
+    "patching/_relp.py",
+    "patching/attribution.py",
+}
+
+
+def _cross_family_private_imports(path: Path) -> list[str]:
+    """``from ..<family>._private import x``, or ``from ..<module> import _x``, in a file of another folder."""
+    here = path.relative_to(ROOT / "attribution").parent.parts
+    found = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if not isinstance(node, ast.ImportFrom) or not node.level:
+            continue
+        package = list(here[: len(here) - (node.level - 1)]) + [p for p in (node.module or "").split(".") if p]
+        if not package or package[:1] == list(here[:1]):
+            continue  # the kernel (attribution/_run.py, ...) or the file's own family
+        names = [a.name for a in node.names if a.name.startswith("_")]
+        if any(part.startswith("_") for part in package[1:]) or names:
+            found.append(f"from {'.' * node.level}{node.module or ''} import {', '.join(a.name for a in node.names)}")
+    return found
+
+
+def test_families_import_no_private_name_of_another_family():
+    """Shared helpers go to the kernel (``_maps.py``, ``_run.py``, ``targets.py``), as CONTRIBUTING.md says."""
+    offenders = {}
+    for path in (ROOT / "attribution").rglob("*.py"):
+        key = path.relative_to(ROOT / "attribution").as_posix()
+        found = _cross_family_private_imports(path)
+        if found and key not in PRIVATE_IMPORTS_UNDER_REWRITE:
+            offenders[key] = found
+    assert offenders == {}

@@ -36,7 +36,7 @@ from tqdm.auto import tqdm
 from hooks import HookManager, map_tensors, tensors
 
 from .._progress import DELAY
-from .._run import warn
+from .._run import WarningScope, warn
 from . import _distributed, _lock
 from ._identity import UNREADABLE, describe, item_digests, model_digest
 from ._lock import InUseError
@@ -387,14 +387,20 @@ class _Batch:
         self.device = device
         self.warned_overflow = False
         self.failures: dict[int, str] = {}  # dataset index -> why, for the last batch
+        self.warnings = WarningScope("attribute_dataset warns once per cause in a run")  # the method's warnings
 
     def __call__(self, batch: Any, indices: list[int], observer: _Observer) -> dict[str, np.ndarray]:
         inputs, labels = _split(batch)
         if self.device is not None:
             inputs = map_tensors(lambda x: x.to(self.device, non_blocking=True), inputs)
         given = self._target(labels, indices)
+        self.warnings.note = (
+            f"attribute_dataset warns once per cause in a run; first seen in the batch of dataset items {indices[0]} "
+            f"to {indices[-1]}, which a method's own messages number from 0"
+        )
         observer.start()
-        maps = self.method(inputs, given) if self.takes_target else self.method(inputs)
+        with self.warnings.active():
+            maps = self.method(inputs, given) if self.takes_target else self.method(inputs)
         if not isinstance(maps, torch.Tensor) or maps.dim() == 0 or maps.shape[0] != len(indices):
             got = f"shape {tuple(maps.shape)}" if isinstance(maps, torch.Tensor) else type(maps).__name__
             raise ValueError(

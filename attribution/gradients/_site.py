@@ -19,7 +19,7 @@ from torch import nn
 from hooks import HookGroup
 
 from .._run import HookedRun, SiteTypeError, SiteValueError, did_not_run, no_dependence, warn
-from ..targets import Target, _indices, class_indices, class_logits, target_scores
+from ..targets import Target, class_indices, class_logits, target_indices, target_scores
 
 
 @dataclass
@@ -125,7 +125,7 @@ def repeat_target(target: Target, times: int, *, interleave: bool = False) -> Ta
     """
     if target is None or callable(target):
         return target
-    index = _indices(target, "`target`")
+    index = target_indices(target, "`target`")
     assert index is not None
     if index.dim() == 0:
         return index
@@ -150,7 +150,7 @@ def check_inputs(inputs: Any, method: str, model: nn.Module, *, layer: str | Non
 
 def check_result(attributions: torch.Tensor, method: str) -> torch.Tensor:
     """Warn about NaN attributions and items whose attributions are all zero; return ``attributions``."""
-    flat = attributions.flatten(1)
+    flat = attributions.reshape(len(attributions), -1)  # also 1-D attributions: a batch of scalars
     if torch.isnan(flat).any():
         warn(
             f"{method}: the attributions contain NaN: the model's output or its gradient is not finite for these "

@@ -23,8 +23,8 @@ class GuidedGradCAM(GradientMethod):
     ``GB(x) * up(L)``: the :class:`GuidedBackprop` attributions times the Grad-CAM map
     ``L = ReLU(sum_k a_k A_k)`` of ``layer`` (raw: neither min-max scaled nor smoothed), upsampled to the input's
     ``(H, W)`` by ``torch.nn.functional.interpolate`` with ``mode=upsample`` and broadcast over channels. The same as
-    captum's ``GuidedGradCam`` with ``interpolate_mode=upsample``; Grad-CAM's activation is the layer's true output
-    (see :class:`attribution.GradCAM`), so at a layer followed by an in-place ReLU captum's differs.
+    captum's ``GuidedGradCam`` with ``interpolate_mode=upsample``: both read the layer's true output (see
+    :class:`attribution.GradCAM`), also at a layer followed by an in-place ReLU.
 
     Args:
         model: the network.

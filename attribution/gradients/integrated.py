@@ -103,7 +103,8 @@ class IntegratedGradients(GradientMethod):
             return attributions
         assert ends is not None
         gain = target_scores(ends[0], target, batch) - target_scores(ends[1], target, batch)
-        return attributions, attributions.flatten(1).sum(1) - gain.to(attributions.dtype)
+        per_item = attributions.reshape(batch, -1).sum(1)
+        return attributions, per_item - gain.to(attributions.dtype)
 
     def _integral(self, x: torch.Tensor, start: torch.Tensor, end: torch.Tensor, target: Target) -> torch.Tensor:
         """``sum_k w_k dS/ds (start + a_k (end - start))``, in chunks of steps."""

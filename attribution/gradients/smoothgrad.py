@@ -6,6 +6,7 @@ from collections.abc import Callable
 
 import torch
 
+from .._run import warn
 from ..targets import Target, check_target
 from ._site import layer_outputs, repeat_target, resolved_target
 
@@ -16,11 +17,24 @@ def relative_noise(inputs: torch.Tensor, samples: int, noise: float, generator: 
     Drawn as one ``torch.normal`` call over ``(batch * samples, ...)``, item after item (captum's layout and draw).
     """
     batch = inputs.shape[0]
-    flat = inputs.detach().flatten(1)
+    flat = inputs.detach().reshape(batch, -1)  # 1-D inputs: a batch of scalars, each of range 0
     spread = (flat.amax(1) - flat.amin(1)) * noise
     shape = (batch * samples, *inputs.shape[1:])
     std = spread.repeat_interleave(samples).view(-1, *([1] * (inputs.dim() - 1))).expand(shape).contiguous()
     return torch.normal(0.0, std, generator=generator).view(batch, samples, *inputs.shape[1:])
+
+
+def _warn_constant(inputs: torch.Tensor) -> None:
+    """Warn about items of range 0 (all entries equal, or one number each): noise relative to it is 0."""
+    flat = inputs.detach().reshape(len(inputs), -1)
+    constant = (flat.amax(1) == flat.amin(1)).nonzero().flatten().tolist()
+    if constant:
+        items = f"item {constant[0]} is" if len(constant) == 1 else f"items {constant[:8]} are"
+        warn(
+            f"SmoothGrad: {items} constant (all entries equal; each item of 1-D inputs is one number), so the noise, "
+            "relative to an item's range max - min, is 0 there and the result is the method's own. Give items "
+            "with more than one value, or call the method alone"
+        )
 
 
 class SmoothGrad:
@@ -31,7 +45,8 @@ class SmoothGrad:
     ``NoiseTunnel(method).attribute(x, nt_type="smoothgrad", nt_samples=samples, stdevs=s)``, which takes the
     absolute ``s`` for the whole batch. The noise comes from a generator of its own (the global random state is not
     used): seeded with ``seed`` at each call (the same noise every call), or from fresh entropy when ``seed`` is
-    ``None``.
+    ``None``. An item whose entries are all equal, such as each item of 1-D inputs (a batch of scalars), has range 0
+    and so gets no noise (with a warning).
 
     ``target=None`` is each item's top class on the clean input (one extra forward), used for all its copies; an
     integer or one integer per item is repeated for the copies; a callable target is applied to the outputs of the
@@ -96,6 +111,8 @@ class SmoothGrad:
             generator.seed()
         else:
             generator.manual_seed(self.seed)
+        if self.noise > 0:
+            _warn_constant(inputs)
         noise = relative_noise(inputs, self.samples, self.noise, generator)
         per = self.samples if self.batch_size is None else self.batch_size
         total: torch.Tensor | None = None

@@ -1,9 +1,10 @@
 """Composites: which rule each layer gets, by layer type, with a special rule for the first layer (zennit's meaning).
 
-Every composite gives elementwise activations the ``Pass`` rule, average pooling zennit's ``Norm`` rule and batch
-norms that follow no convolution or linear layer the ``Pass`` rule (those that follow one are merged into it, see
-:mod:`attribution.lrp.canonizers`); ReLU, max pooling (the winner takes the relevance), dropout, identity and
-flatten layers keep their gradient. The first layer is the first convolution or linear layer in
+Every composite gives elementwise activations (ReLU included, as zennit's ``layer_map_base``) the ``Pass`` rule
+unless its ``layer_map`` names their type, average pooling zennit's ``Norm`` rule and batch norms that follow no
+convolution or linear layer the ``Pass`` rule (those that follow one are merged into it, see
+:mod:`attribution.lrp.canonizers`); max pooling (the winner takes the relevance), dropout, identity and flatten
+layers keep their gradient. The first layer is the first convolution or linear layer in
 ``named_modules()`` order (for :class:`EpsilonGammaBox`, the first convolution).
 
 ========================  ===================  ============  ===================

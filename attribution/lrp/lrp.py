@@ -5,9 +5,9 @@ One call runs the model once with a hook group on its layers and takes one backw
 * each convolution or linear layer (with a batch norm that directly follows it merged in) runs without autograd,
   and its output is handed on by a :class:`~attribution.lrp._functions.RuleFunction` whose backward is the
   layer's rule: the layer's own backward and its weight gradients never run;
-* elementwise activations get the ``Pass`` rule, average pools the ``Norm`` rule, residual sums of known blocks the
-  ``Norm`` rule on their two summands (:mod:`attribution.lrp.canonizers`); ReLU and max pooling keep their
-  gradient, which hands relevance on unchanged (ReLU) or to the winner (max pooling);
+* elementwise activations (ReLU included, as in zennit) get the ``Pass`` rule, average pools the ``Norm`` rule,
+  residual sums of known blocks the ``Norm`` rule on their two summands (:mod:`attribution.lrp.canonizers`); max
+  pooling keeps its gradient, which hands relevance to the winner;
 * the relevance at the output is the target's logit: the one-hot target times the output (zennit's
   ``attr_output = one_hot * output``), or for a callable target its gradient times the output.
 
@@ -17,6 +17,7 @@ The result is the relevance at the input, shaped like it, not normalised. The mo
 
 from __future__ import annotations
 
+import inspect
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
@@ -24,7 +25,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from .._run import HookedRun, SiteValueError, no_dependence, warn
+from .._run import HookedRun, SiteValueError, eager_module, no_dependence, warn
 from ..targets import Target, check_target, class_indices, class_logits
 from ._functions import NormFunction, PassFunction, RuleFunction, SumFunction
 from .canonizers import AFFINE, BATCH_NORMS, Residual, merge, merged_batch_norms, residual_blocks, units
@@ -34,7 +35,6 @@ from .rules import Layer, Pass, Rule
 __all__ = ["LRP"]
 
 GRADIENT = (
-    nn.ReLU,
     nn.MaxPool1d,
     nn.MaxPool2d,
     nn.MaxPool3d,
@@ -50,7 +50,7 @@ GRADIENT = (
     nn.Flatten,
     nn.Unflatten,
 )
-"""Modules whose gradient is already the relevance they hand on (ReLU passes it, max pooling gives it to the winner)."""
+"""Modules whose gradient is the relevance they hand on (max pooling gives it to the winner, the others pass it)."""
 ACTIVATIONS = (
     nn.ELU,
     nn.Hardshrink,
@@ -60,6 +60,7 @@ ACTIVATIONS = (
     nn.LeakyReLU,
     nn.LogSigmoid,
     nn.PReLU,
+    nn.ReLU,
     nn.ReLU6,
     nn.RReLU,
     nn.SELU,
@@ -75,7 +76,7 @@ ACTIVATIONS = (
     nn.Tanhshrink,
     nn.Threshold,
 )
-"""Elementwise activations: ``Pass`` rule (zennit's ``Activation`` types)."""
+"""Elementwise activations: ``Pass`` rule (zennit's ``Activation`` types but ``MultiheadAttention``, and ``Mish``)."""
 AVERAGE_POOLS = (
     nn.AvgPool1d,
     nn.AvgPool2d,
@@ -175,7 +176,7 @@ class LRP:
             raise TypeError(
                 f"`composite` must be an attribution.lrp Composite such as EpsilonPlusFlat(); got {composite!r}"
             )
-        self.model = model
+        self.model = eager_module(model)  # torch.compile(model): its module, run eagerly (hooks need that)
         self.composite = composite if composite is not None else EpsilonPlusFlat()
         self._layers = _Layers()
 
@@ -281,11 +282,11 @@ class _Wiring:
         group.forward_pre("", self._start)
         own = [*steps.rules, *steps.batch_norms, *steps.passes, *steps.norms]
         if own:
-            group.forward_pre(own, self._before)
+            group.forward_pre(own, self._before, with_kwargs=True)
         if steps.rules:
             group.forward(list(steps.rules), self._layer)
         if steps.batch_norms:
-            group.forward_pre(list(steps.batch_norms), self._check_merge)
+            group.forward_pre(list(steps.batch_norms), self._check_merge, with_kwargs=True)
             group.forward(list(steps.batch_norms), self._merged)
         if steps.passes:
             group.forward(steps.passes, self._pass)
@@ -296,7 +297,7 @@ class _Wiring:
             if spec.shortcut is not None:
                 group.forward(_child(block, spec.shortcut), partial(self._summand, block, "shortcut"))
         if steps.residuals:
-            group.forward(list(steps.residuals), self._sum)
+            group.forward(list(steps.residuals), self._sum, with_kwargs=True)
 
     # -- forward hooks ------------------------------------------------------------------------------------------
     def _start(self, module: nn.Module, args: tuple[Any, ...]) -> Any:
@@ -307,13 +308,17 @@ class _Wiring:
         self.leaf = new[0] if isinstance(new[0], torch.Tensor) else None
         return new
 
-    def _before(self, module: nn.Module, args: tuple[Any, ...], *, name: str) -> Any:
+    def _before(self, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], *, name: str) -> Any:
         """Keep the input; run the module without autograd (its output is handed on by a rule function)."""
-        self.inputs.setdefault(name, []).append(args[0])
+        x, key = _first_input(module, args, kwargs, name)
+        self.inputs.setdefault(name, []).append(x)
         torch.set_grad_enabled(False)
-        if getattr(module, "inplace", False) is True:  # an in-place activation must not overwrite the kept input
-            return (args[0].detach().clone(), *args[1:])
-        return None
+        if getattr(module, "inplace", False) is not True:
+            return None
+        copy = x.detach().clone()  # an in-place activation must not overwrite the kept input
+        if isinstance(key, int):
+            return (copy, *args[1:]), kwargs
+        return args, {**kwargs, key: copy}
 
     def _layer(self, module: nn.Module, args: tuple[Any, ...], output: torch.Tensor, *, name: str) -> Any:
         x = self.inputs[name].pop()
@@ -325,9 +330,9 @@ class _Wiring:
         torch.set_grad_enabled(True)
         return RuleFunction.apply(x, [output.detach()], step)
 
-    def _check_merge(self, module: nn.Module, args: tuple[Any, ...], *, name: str) -> None:
+    def _check_merge(self, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], *, name: str) -> None:
         waiting = self.waiting.get(name)
-        if waiting is None or args[0] is not waiting[2]:
+        if waiting is None or _first_input(module, args, kwargs, name)[0] is not waiting[2]:
             layer = self.plan.batch_norms[name]
             raise SiteValueError(
                 f"batch norm {name!r} follows {layer!r} in module order but does not take its output directly, "
@@ -360,10 +365,12 @@ class _Wiring:
         self.summands[(block, which)] = output
         return output.detach().clone() if which == "branch" else None  # the block may add to it in place
 
-    def _sum(self, module: nn.Module, args: tuple[Any, ...], output: torch.Tensor, *, name: str) -> Any:
+    def _sum(
+        self, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], output: torch.Tensor, *, name: str
+    ) -> Any:
         branch = self.summands.pop((name, "branch"))
         shortcut = self.summands.pop((name, "shortcut"), None)
-        shortcut = args[0] if shortcut is None else shortcut
+        shortcut = _first_input(module, args, kwargs, name)[0] if shortcut is None else shortcut
         return SumFunction.apply(branch, shortcut, [output.detach()], self.plan.stabilizer)
 
     def check_finished(self) -> None:
@@ -371,6 +378,22 @@ class _Wiring:
         if self.waiting:
             names = ", ".join(f"{layer!r} -> {bn!r}" for bn, (layer, _, _) in self.waiting.items())
             raise ValueError(f"the batch norm(s) merged with these layers did not run after them: {names}")
+
+
+def _first_input(
+    module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], name: str
+) -> tuple[torch.Tensor, int | str]:
+    """A call's first input and its key: ``args[0]`` (0), or by the name of ``forward``'s first parameter."""
+    if args:
+        return args[0], 0
+    first = next(iter(inspect.signature(module.forward).parameters), None)
+    if first is not None and isinstance(kwargs.get(first), torch.Tensor):
+        return kwargs[first], first
+    raise SiteValueError(
+        f"LRP needs the input of {name!r} ({type(module).__name__}): its forward's first parameter {first!r}, "
+        f"positional or by keyword; the call passed only the keyword(s) {sorted(kwargs)}. Call the module with its "
+        "input first"
+    )
 
 
 def _child(block: str, child: str) -> str:

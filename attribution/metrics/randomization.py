@@ -13,12 +13,12 @@ from torch import nn
 from hooks import resolve
 
 from .._inputs import batched
-from .._maps import minmax
+from .._maps import minmax, spearman, unfinite_items
 from .._progress import progress as progress_bar
 from .._run import warn
 from ._perturb import derived_seed
 from ._scoring import Target, top_classes
-from ._similarity import constant_items, spearman, ssim, unfinite_items
+from ._similarity import constant_items, ssim
 
 Method = Callable[[nn.Module, Any, Target], torch.Tensor]
 MODES = ("cascading", "independent")

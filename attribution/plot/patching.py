@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
-from ..metrics._similarity import spearman
+from .._maps import spearman
 from ..patching.result import PatchingResult
 
 if TYPE_CHECKING:

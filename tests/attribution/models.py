@@ -166,3 +166,34 @@ def lm64(kind: str = "llama") -> nn.Module:
         num_key_value_heads=2, attn_implementation="eager",
     )  # fmt: skip
     return model_class(config).double().eval()
+
+
+class ScalarPolynomials(nn.Module):
+    """A batch of scalars ``(batch,)`` to two logits ``(x^2, -x^3)``: gradients ``2x`` and ``-3x^2`` by hand."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.scale = nn.Identity()  # a layer whose output is 1-D, for the layer variants
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.scale(x)
+        return torch.stack([x * x, -(x**3)], 1)
+
+
+class ScalarReLUs(nn.Module):
+    """A batch of scalars to the logits ``(2 relu(x), -3 relu(-x))``, through one ``nn.ReLU`` of two units."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.relu = nn.ReLU()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.relu(torch.stack([x, -x], 1)) * torch.tensor([2.0, -3.0], dtype=x.dtype)
+
+
+def scalars() -> torch.Tensor:
+    """1-D inputs: three items of one number each (a fresh tensor: peer libraries set ``requires_grad`` on theirs)."""
+    return torch.tensor([1.5, -2.0, -0.5], dtype=torch.float64)
+
+
+SCALAR_TARGETS = [0, 1, 1]

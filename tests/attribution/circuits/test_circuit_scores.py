@@ -188,6 +188,32 @@ def test_every_score_is_the_gradient_decomposition(build, ig_steps):
         assert scores.corrupted_metric == pytest.approx(float(metric(model(CORRUPTED))), abs=1e-12)
 
 
+def one_layer_gpt2() -> torch.nn.Module:
+    """GPT-2 of one layer of two 4-dimensional heads: the EAP-IG known answer of the edit loop."""
+    torch.manual_seed(1)
+    config = transformers.GPT2Config(
+        vocab_size=20, n_positions=8, n_embd=8, n_layer=1, n_head=2, bos_token_id=0, eos_token_id=0
+    )
+    return transformers.GPT2LMHeadModel(config).eval().double()
+
+
+def test_eap_ig_scores_are_the_gradients_at_its_points_fast():
+    """EAP-IG with 2 points (1/2 and 1 of the way from corrupted to clean), against the definition, in well under 1 s.
+
+    The slow test above covers two models and 3 points; this one fails as well when the points shift by a step.
+    """
+    model = one_layer_gpt2()
+    writers, readers, expected = hand_scores(model, 2)
+    scores = edge_attribution(model, CLEAN, CORRUPTED, metric, ig_steps=2, progress=False)
+    assert scores.writers == writers and sorted(scores.readers) == sorted(readers)
+    got = scores.scores[:, [scores.readers.index(r) for r in readers]]
+    assert torch.equal(got.isnan(), expected.isnan())
+    scale = float(expected.nan_to_num().abs().max())
+    torch.testing.assert_close(got, expected, rtol=0, atol=1e-10 * scale, equal_nan=True)
+    eap = edge_attribution(model, CLEAN, CORRUPTED, metric, progress=False).scores  # the point at 1 alone
+    assert float((eap - got).nan_to_num().abs().max()) > 0.01 * scale  # the point at 1/2 is seen
+
+
 def test_readers_come_in_graph_order_with_one_k_and_v_per_group():
     scores = edge_attribution(llama(), CLEAN, CORRUPTED, metric, progress=False)
     layer0 = [f"a0.h{h}.q" for h in range(4)] + ["a0.g0.k", "a0.g1.k", "a0.g0.v", "a0.g1.v", "m0"]

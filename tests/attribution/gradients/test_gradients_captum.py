@@ -26,6 +26,7 @@ from attribution import (
     Saliency,
     SmoothGrad,
 )
+from tests.attribution.models import SCALAR_TARGETS, ScalarPolynomials, ScalarReLUs, scalars
 
 captum_attr = pytest.importorskip("captum.attr")
 torchvision = pytest.importorskip("torchvision")
@@ -129,6 +130,19 @@ def test_guided_gradcam(case):
     torch.testing.assert_close(got, expected, **TIGHT)
 
 
+@pytest.mark.filterwarnings("ignore:GuidedGradCAM. the attributions of item")
+def test_guided_gradcam_at_a_layer_an_inplace_relu_overwrites_matches_captum():
+    """captum 0.9 reads the convolution's true output too, not the tensor the ReLU(inplace=True) after it overwrote."""
+    model, layer = small_vgg(), "features.8"
+    assert isinstance(model.features[9], nn.ReLU) and model.features[9].inplace
+    torch.manual_seed(2)
+    x, target = torch.randn(3, 3, 32, 40, dtype=torch.float64), torch.tensor([1, 4, 2])
+    expected = captum(captum_attr.GuidedGradCam, model, model.get_submodule(layer)).attribute(x, target=target)
+    got = GuidedGradCAM(model, layer)(x, target)
+    assert float(got.abs().max()) > 0
+    torch.testing.assert_close(got, expected, **TIGHT)
+
+
 @pytest.mark.slow
 def test_smoothgrad_draws_captums_noise():
     """Same seed, same draw: captum's ``torch.normal`` on the global generator, ours on a generator of our own."""
@@ -174,3 +188,51 @@ def test_layer_input_x_gradient(case):
         x, target=target
     )
     torch.testing.assert_close(InputXGradient(model, layer=layer)(x, target), expected, **TIGHT)
+
+
+# -- 1-D inputs: captum takes a batch of scalars, and so does every method here ------------------------------------
+SCALAR_METHODS = {
+    "Saliency": (lambda m: Saliency(m, abs=False), lambda m: captum_attr.Saliency(m), {"abs": False}),
+    "InputXGradient": (InputXGradient, captum_attr.InputXGradient, {}),
+    "IntegratedGradients": (
+        lambda m: IntegratedGradients(m, steps=5, method="riemann_middle"),
+        captum_attr.IntegratedGradients,
+        {"n_steps": 5, "method": "riemann_middle"},
+    ),
+    "GuidedBackprop": (GuidedBackprop, captum_attr.GuidedBackprop, {}),
+    "Deconvolution": (Deconvolution, captum_attr.Deconvolution, {}),
+}
+
+
+@pytest.mark.filterwarnings("ignore:.*are all zero")
+@pytest.mark.filterwarnings("ignore:.*the model has no ReLU")  # the modified-ReLU methods on the polynomials
+@pytest.mark.parametrize("name", sorted(SCALAR_METHODS))
+@pytest.mark.parametrize("model", [ScalarPolynomials, ScalarReLUs])
+def test_a_batch_of_scalars_matches_captum(name, model):
+    ours, theirs, options = SCALAR_METHODS[name]
+    model = model().eval()
+    with float64_default():
+        expected = captum(theirs, model).attribute(scalars(), target=SCALAR_TARGETS, **options)
+    got = ours(model)(scalars(), SCALAR_TARGETS)
+    assert got.shape == (3,)
+    torch.testing.assert_close(got, expected.detach(), **STEP_SIZES_IN_FLOAT32)
+
+
+@pytest.mark.filterwarnings("ignore:SmoothGrad. items")
+def test_smoothgrad_of_a_batch_of_scalars_matches_captum_without_noise():
+    """Each item's range is 0, so the relative noise is 0: captum's NoiseTunnel with ``stdevs=0``."""
+    model = ScalarPolynomials()
+    tunnel = captum_attr.NoiseTunnel(captum(captum_attr.Saliency, model))
+    expected = tunnel.attribute(scalars(), nt_type="smoothgrad", nt_samples=4, stdevs=0.0, target=SCALAR_TARGETS)
+    got = SmoothGrad(Saliency(model), samples=4, noise=0.2, seed=0)(scalars(), SCALAR_TARGETS)
+    torch.testing.assert_close(got, expected, **TIGHT)
+
+
+@pytest.mark.parametrize("method", ["LayerGradientXActivation", "LayerIntegratedGradients"])
+def test_layer_variants_on_a_batch_of_scalars_match_captum(method):
+    model = ScalarPolynomials()
+    with float64_default():
+        expected = captum(getattr(captum_attr, method), model, model.scale).attribute(scalars(), target=SCALAR_TARGETS)
+    ours = InputXGradient if method == "LayerGradientXActivation" else IntegratedGradients
+    got = ours(model, layer="scale")(scalars(), SCALAR_TARGETS)
+    torch.testing.assert_close(got, expected.detach(), **STEP_SIZES_IN_FLOAT32)

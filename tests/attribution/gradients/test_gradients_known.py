@@ -18,6 +18,7 @@ from attribution import (
     SmoothGrad,
 )
 from attribution.gradients._quadrature import nodes_and_weights
+from tests.attribution.models import SCALAR_TARGETS, ScalarPolynomials, ScalarReLUs, scalars
 
 RULES = ["gausslegendre", "riemann_left", "riemann_right", "riemann_middle", "riemann_trapezoid"]
 
@@ -265,3 +266,46 @@ def test_smoothgrad_around_integrated_gradients():
     ).view(2, 4, 5)
     expected = torch.stack([ig(x + noise[:, s], 1) for s in range(4)]).mean(0)
     torch.testing.assert_close(got, expected, rtol=1e-12, atol=1e-14)
+
+
+# -- 1-D inputs: a batch of scalars ---------------------------------------------------------------------------------
+# ScalarPolynomials at x = (1.5, -2, -0.5), targets (x^2, -x^3, -x^3): gradients 2x = 3 and -3x^2 = -12, -0.75;
+# Integrated Gradients from 0 is the score itself: 2.25, 8, 0.125 (Gauss-Legendre with 3 nodes is exact here).
+SCALAR_CASES = {
+    "Saliency": (lambda m, **kw: Saliency(m, **kw), [3.0, 12.0, 0.75]),
+    "Saliency-signed": (lambda m, **kw: Saliency(m, abs=False, **kw), [3.0, -12.0, -0.75]),
+    "InputXGradient": (lambda m, **kw: InputXGradient(m, **kw), [4.5, 24.0, 0.375]),
+    "IntegratedGradients": (lambda m, **kw: IntegratedGradients(m, steps=3, **kw), [2.25, 8.0, 0.125]),
+}
+
+
+@pytest.mark.parametrize("name", sorted(SCALAR_CASES))
+@pytest.mark.parametrize("layer", [None, "scale"], ids=["input", "layer"])
+def test_a_batch_of_scalars_gets_the_hand_worked_gradients(name, layer):
+    make, expected = SCALAR_CASES[name]
+    got = make(ScalarPolynomials(), layer=layer)(scalars(), SCALAR_TARGETS)
+    torch.testing.assert_close(got, torch.tensor(expected, dtype=torch.float64), rtol=1e-14, atol=0.0)
+
+
+def test_integrated_gradients_of_scalars_reports_one_delta_per_item():
+    _, delta = IntegratedGradients(ScalarPolynomials(), steps=3)(scalars(), SCALAR_TARGETS, return_delta=True)
+    assert delta.shape == (3,) and float(delta.abs().max()) < 1e-14
+
+
+def test_smoothgrad_of_scalars_adds_no_noise_and_says_so():
+    """An item of 1-D inputs is one number: its range, and so the relative noise, is 0."""
+    with pytest.warns(UserWarning, match=r"items \[0, 1, 2\] are constant"):
+        got = SmoothGrad(Saliency(ScalarPolynomials()), samples=4, noise=0.2, seed=0)(scalars(), SCALAR_TARGETS)
+    torch.testing.assert_close(got, torch.tensor([3.0, 12.0, 0.75], dtype=torch.float64), rtol=1e-14, atol=0.0)
+
+
+@pytest.mark.parametrize(
+    ("method", "expected"),
+    # ScalarReLUs at x = (1.5, -2, -0.5), targets (0, 0, 1): gradient (2, 0, 3); Guided Backprop passes the
+    # positive upstream gradient 2 where the unit is active, Deconvolution wherever it is (item 1); -3 never passes
+    [(GuidedBackprop, [2.0, 0.0, 0.0]), (Deconvolution, [2.0, 2.0, 0.0])],
+)
+def test_modified_relus_on_a_batch_of_scalars(method, expected):
+    with pytest.warns(UserWarning, match="item 2 are all zero|items .* are all zero"):
+        got = method(ScalarReLUs())(scalars(), [0, 0, 1])
+    torch.testing.assert_close(got, torch.tensor(expected, dtype=torch.float64), rtol=0.0, atol=0.0)

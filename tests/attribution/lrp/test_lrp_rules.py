@@ -17,6 +17,7 @@ from attribution.lrp import (
     Flat,
     Gamma,
     Pass,
+    Rule,
     WSquare,
     ZBox,
     ZPlus,
@@ -184,6 +185,35 @@ def test_relevance_is_conserved_without_biases() -> None:
         torch.testing.assert_close(relevance.sum((1, 2, 3)), logits[[0, 1], [0, 2]], rtol=1e-10, atol=0.0)
 
 
+def two_neurons() -> nn.Sequential:
+    """``x -> W2 relu(W1 x)``, no biases; at x = (2, 1) the hidden pre-activations are 4 and -5."""
+    model = nn.Sequential(nn.Linear(2, 2, bias=False), nn.ReLU(), nn.Linear(2, 1, bias=False)).double()
+    with torch.no_grad():
+        model[0].weight.copy_(torch.tensor([[1.0, 2.0], [-3.0, 1.0]]))
+        model[2].weight.copy_(torch.tensor([[3.0, -1.0]]))
+    return model
+
+
+@pytest.mark.parametrize(
+    ("rule", "expected"),
+    [
+        # top: R_h = 12 * (9, 1) / 10 = (10.8, 1.2); bottom: 10.8 * (1, 4) / 5 + 1.2 * (9, 1) / 10
+        (WSquare(0.0), [3.24, 8.76]),
+        # top: R_h = 12 / 2 each; bottom: each hidden unit spreads its 6 evenly over the two inputs
+        (Flat(0.0), [6.0, 6.0]),
+    ],
+    ids=["WSquare", "Flat"],
+)
+def test_a_relu_passes_relevance_of_the_units_it_zeroes(rule: Rule, expected: list[float]) -> None:
+    """zennit's Pass on ReLU: under rules that ignore the input, the unit with output 0 keeps its relevance."""
+    model = two_neurons()
+    x = torch.tensor([[2.0, 1.0]], dtype=torch.float64)
+    relevance = LRP(model, Composite([(nn.Linear, rule)], stabilizer=0.0))(x, target=0)
+    torch.testing.assert_close(relevance, torch.tensor([expected], dtype=torch.float64), rtol=1e-14, atol=0.0)
+    assert float(model(x).detach()) == 12.0
+    assert float(relevance.sum()) == pytest.approx(12.0, rel=1e-14)  # all of the logit is conserved
+
+
 def test_a_callable_target_seeds_its_gradient_times_the_logits(two_layers: nn.Sequential) -> None:
     x = torch.randn(3, 4, dtype=torch.float64)
     lrp = LRP(two_layers, Composite([(nn.Linear, Epsilon(0.0))]))
@@ -223,6 +253,61 @@ def test_a_conv_with_its_own_forward_gets_the_same_rule(rule: str) -> None:
     if rule not in ("zbox", "wsquare", "flat"):  # those give relevance (or bounds) to the padding's zeros too
         torch.testing.assert_close(got, expected, rtol=1e-12, atol=1e-14)
     assert got.shape == x.shape and bool(torch.isfinite(got).all())
+
+
+class _CalledByKeyword(nn.Module):
+    """Conv, batch norm (merged), in-place ReLU, average pool and linear layers, called positionally or by keyword."""
+
+    def __init__(self, keyword: bool) -> None:
+        super().__init__()
+        self.keyword = keyword
+        self.conv = nn.Conv2d(2, 3, 3)
+        self.bn = nn.BatchNorm2d(3)
+        self.act = nn.ReLU(inplace=True)
+        self.pool = nn.AvgPool2d(2)
+        self.fc = nn.Linear(3 * 2 * 2, 2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        layers = (self.conv, self.bn, self.act, self.pool)
+        for layer in layers:
+            x = layer(input=x) if self.keyword else layer(x)
+        x = x.flatten(1)
+        return self.fc(input=x) if self.keyword else self.fc(x)
+
+
+def test_modules_called_by_keyword_get_the_same_relevance() -> None:
+    """``self.fc(input=x)``: the rules read the input from the keyword (it raised IndexError)."""
+    torch.manual_seed(4)
+    positional = _CalledByKeyword(keyword=False).double().eval()
+    positional.bn.running_var.uniform_(0.5, 2.0)
+    by_keyword = _CalledByKeyword(keyword=True).double().eval()
+    by_keyword.load_state_dict(positional.state_dict())
+    x = torch.randn(2, 2, 6, 6, dtype=torch.float64)
+    for composite in (EpsilonPlusFlat(), Composite([(nn.Linear, WSquare()), (nn.Conv2d, ZPlus())])):
+        expected = LRP(positional, composite)(x, target=[1, 0])
+        got = LRP(by_keyword, composite)(x, target=[1, 0])
+        assert bool(expected.abs().sum() > 0)
+        assert torch.equal(got, expected)
+
+
+def test_a_module_whose_input_has_no_name_is_named_with_the_keyword() -> None:
+    class Forwarding(nn.Linear):
+        def forward(self, *args: torch.Tensor, **kwargs: torch.Tensor) -> torch.Tensor:
+            return super().forward(*args, **kwargs)
+
+    class Model(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.fc = Forwarding(3, 2)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.fc(input=x)
+
+    model = Model()
+    before = _state(model)
+    with pytest.raises(ValueError, match=r"input of 'fc' \(Forwarding\).*first parameter 'args'.*\['input'\]"):
+        LRP(model)(torch.randn(2, 3), target=0)
+    assert _same(before, _state(model))
 
 
 # -- the model as it was found, and errors ------------------------------------------------------------------------

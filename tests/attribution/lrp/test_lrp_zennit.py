@@ -9,11 +9,13 @@ import pytest
 import torch
 from torch import nn
 
-from attribution.lrp import LRP, EpsilonAlpha2Beta1, EpsilonGammaBox, EpsilonPlus, EpsilonPlusFlat
+from attribution import lrp
+from attribution.lrp import LRP, Composite, EpsilonAlpha2Beta1, EpsilonGammaBox, EpsilonPlus, EpsilonPlusFlat
 
 torchvision = pytest.importorskip("torchvision")
 zennit_composites = pytest.importorskip("zennit.composites")
 zennit_attribution = pytest.importorskip("zennit.attribution")
+zennit_rules = pytest.importorskip("zennit.rules")
 zennit_torchvision = pytest.importorskip("zennit.torchvision")
 
 pytestmark = pytest.mark.peers
@@ -129,3 +131,20 @@ def test_grouped_strided_dilated_convs_pools_and_activations_match_zennit() -> N
     x = torch.randn(2, 3, 13, 9, dtype=torch.float64, generator=torch.Generator().manual_seed(6))
     for name in COMPOSITES:
         _check(model, name, canonizers.SequentialMergeBatchNorm, x)
+
+
+@pytest.mark.parametrize("rule", ["WSquare", "Flat"])
+def test_a_relu_under_a_composite_of_ones_own_gets_zennits_pass(rule: str) -> None:
+    """zennit passes every activation (ReLU included) in its composites: so do ours, also a user's ``Composite``."""
+    torch.manual_seed(7)
+    model = nn.Sequential(nn.Linear(3, 4), nn.ReLU(), nn.Linear(4, 4), nn.ReLU(), nn.Linear(4, 2)).double().eval()
+    x = torch.randn(3, 3, dtype=torch.float64)
+    assert bool((model[:2](x) == 0).any()), "some ReLU outputs must be 0 for the check to mean something"
+    theirs = zennit_composites.LayerMapComposite(
+        [*zennit_composites.layer_map_base(), (nn.Linear, getattr(zennit_rules, rule)())]
+    )
+    expected = _zennit(model, theirs, x, [0, 1, 1]).detach()
+    ours = getattr(lrp, rule)()
+    for composite in (Composite([(nn.Linear, ours)]), EpsilonPlus(layer_map=[(nn.Linear, ours)])):
+        got = LRP(model, composite)(x, target=[0, 1, 1])
+        torch.testing.assert_close(got, expected, rtol=1e-12, atol=1e-14 * float(expected.abs().max()))

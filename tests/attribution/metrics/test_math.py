@@ -11,9 +11,10 @@ import math
 import pytest
 import torch
 
+from attribution._maps import average_ranks, spearman
 from attribution.metrics._impute import linear_imputation, noisy_linear_imputation
 from attribution.metrics._perturb import auc, blur, make_baseline, pixel_ranks, replace_top, step_counts
-from attribution.metrics._similarity import average_ranks, spearman, ssim
+from attribution.metrics._similarity import ssim
 
 
 def test_pixel_ranks_are_descending_with_ties_in_raster_order():
