@@ -99,7 +99,7 @@ def batched(inputs: Any, model: nn.Module, *, images: bool) -> Batched:
     A 3-D tensor is an image when ``images`` says so (the CAMs), or when the model has an image stem of as many
     channels (timm ``patch_embed``, torchvision ``conv_proj``, a HuggingFace config with ``num_channels``).
     """
-    _refuse_integer_images(inputs if not isinstance(inputs, Mapping) else inputs.get("pixel_values"), images)
+    refuse_integer_images(inputs if not isinstance(inputs, Mapping) else inputs.get("pixel_values"), images)
     if isinstance(inputs, Mapping):
         pixels = inputs.get("pixel_values")
         if isinstance(pixels, torch.Tensor) and pixels.dim() == 3:
@@ -113,7 +113,7 @@ def batched(inputs: Any, model: nn.Module, *, images: bool) -> Batched:
     return Batched(inputs, False)
 
 
-def _refuse_integer_images(x: Any, images: bool) -> None:
+def refuse_integer_images(x: Any, images: bool) -> None:
     """Integer images (``torchvision.io.read_image`` gives uint8 ``(3, H, W)``) get an error saying how to convert."""
     if not isinstance(x, torch.Tensor) or x.is_floating_point() or x.dim() not in (3, 4):
         return

@@ -18,7 +18,7 @@ import torch
 from torch import nn
 
 from .._inputs import token_ids
-from .._run import kept_state
+from .._run import eager_module, kept_state
 from .._transformer_rules import register_rules, sites
 from ..models import LMLayout, logit_softcap
 from ._gradients import TeacherForced, batched_backward, hidden_gradients
@@ -89,6 +89,7 @@ def attribute_generation(
         raise ValueError(f"`target_batch` must be a positive int; got {target_batch!r}")
     if method == "integrated_gradients" and (not isinstance(steps, int) or steps < 1):
         raise ValueError(f"`steps` must be a positive int; got {steps!r}")
+    eager_module(model)  # TorchScript refused with hooks' error, before the structure is read
     prompts = token_ids(model, input_ids)
     embedding, unembedding = _embeddings(model)
     continuations = _continuations(model, prompts, generated, max_new_tokens)

@@ -30,7 +30,7 @@ import torch
 from torch import nn
 
 from .. import _maps
-from .._run import HookedRun, no_dependence, warn
+from .._run import HookedRun, eager_module, no_dependence, warn
 from .._transformer_rules import Sites, register_rules, sites
 from ..models import LMLayout, is_vit
 from ..targets import Target, check_target, class_indices, class_logits, target_scores
@@ -123,6 +123,7 @@ class AttnLRP:
         if not isinstance(model, nn.Module):
             raise TypeError(f"`model` must be a torch.nn.Module; got {type(model).__name__}")
         self.model = model
+        eager_module(model)  # TorchScript refused with hooks' error, before the structure is read
         if is_vit(model):
             self.sites = vit_sites(model)
         elif layout is not None or callable(getattr(model, "get_input_embeddings", None)):

@@ -17,6 +17,7 @@ from typing import Literal
 
 from torch import nn
 
+from .._run import eager_module
 from .norms import NormKind, norm_kind
 
 QKVOrder = Literal["separate", "blocks", "per_head"]
@@ -183,6 +184,7 @@ def lm_layout(
         >>> layout.layers[0].mlp_parts.neurons, layout.takes_past_key_values
         ('model.layers.0.mlp.down_proj', True)
     """
+    model = eager_module(model)  # a compiled model's modules; TorchScript refused with hooks' error
     modules = dict(model.named_modules())
     config = getattr(model, "config", None)
     layer_list = layers or _find_layer_list(modules, config)

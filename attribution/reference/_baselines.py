@@ -6,7 +6,7 @@ from collections.abc import Callable
 
 import torch
 
-from .._inputs import _refuse_integer_images
+from .._inputs import refuse_integer_images
 
 Baseline = float | int | torch.Tensor | Callable[[torch.Tensor], torch.Tensor]
 """A ``baseline=``/``baselines=``: a number, a tensor, or a callable ``inputs -> tensor``."""
@@ -16,7 +16,7 @@ def check_inputs(inputs: object, method: str) -> torch.Tensor:
     """``inputs`` as the methods take them: a floating-point tensor ``(batch, ...)``; integer images are refused."""
     if not isinstance(inputs, torch.Tensor):
         raise TypeError(f"{method} takes `inputs` as one tensor (batch, ...); got {type(inputs).__name__}")
-    _refuse_integer_images(inputs, False)  # uint8 images: the same conversion hint as the CAMs
+    refuse_integer_images(inputs, False)  # uint8 images: the same conversion hint as the CAMs
     if not inputs.is_floating_point():
         raise TypeError(
             f"`inputs` are {inputs.dtype}: {method} needs floating-point inputs (batch, ...). Convert them with "

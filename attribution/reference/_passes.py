@@ -11,7 +11,7 @@ from torch import nn
 from hooks import map_tensors
 
 from .._run import HookedRun, no_dependence, warn
-from ..targets import Target, _indices, class_indices, class_logits, target_scores
+from ..targets import Target, class_indices, class_logits, target_indices, target_scores
 from ._wiring import Wiring, plan
 
 
@@ -84,7 +84,7 @@ def repeated(target: Target, times: int) -> Target:
     """The target of a batch where each item is repeated ``times`` times in a row (item-major)."""
     if target is None or callable(target):
         return target
-    index = _indices(target, "`target`")
+    index = target_indices(target, "`target`")
     assert index is not None
     return index if index.dim() == 0 else index.repeat_interleave(times)
 

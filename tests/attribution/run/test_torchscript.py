@@ -13,6 +13,7 @@ from torch import nn
 import attribution as A
 
 X = torch.randn(2, 3, 8, 8)
+IDS = torch.tensor([[1, 0, 1]])
 
 
 def _metric(out: torch.Tensor) -> torch.Tensor:
@@ -33,6 +34,11 @@ METHODS: dict[str, Callable[[nn.Module], Any]] = {
     "attribution_patching": lambda m: A.attribution_patching(m, X, X + 1, "0", _metric, progress=False),
     "record": lambda m: A.record(m, "0").__enter__(),
     "edge_attribution": lambda m: A.edge_attribution(m, X, X + 1, _metric, progress=False),
+    "logit_lens": lambda m: A.logit_lens(m, IDS),
+    "direct_logit_attribution": lambda m: A.direct_logit_attribution(m, IDS, 1),
+    "AttnLRP": lambda m: A.AttnLRP(m),
+    "attribute_generation": lambda m: A.attribute_generation(m, IDS, generated=IDS[0, :1]),
+    "lm_layout": lambda m: A.lens.lm_layout(m),
 }
 
 
