@@ -96,7 +96,6 @@ def norm_affine(norm: nn.Module, probe: torch.Tensor) -> NormAffine:
     if weight is not None and "gemma" in type(norm).__name__.lower():
         candidates.insert(0, NormAffine(gain + 1, None, float(eps or 0), False))
     dtype = probe.dtype if weight is None else weight.dtype  # a float32 LayerNorm refuses a float64 input
-    probe = probe.to(dtype).to(probe.dtype)
     with torch.no_grad():
         expected = norm(probe.to(execution_device(norm) or probe.device, dtype)).to(probe.device, probe.dtype)
         for reading in candidates:

@@ -13,7 +13,8 @@ from collections.abc import Callable
 import pytest
 import torch
 
-from attribution.circuits import Circuit, edge_attribution, evaluate, exact_edge_effects, faithfulness
+from attribution.circuits import Circuit, edge_attribution, evaluate, exact_edge_effects, faithfulness, read_graph
+from attribution.circuits._sites import reader_weights
 from tests.attribution.models import tiny_llama
 
 transformers = pytest.importorskip("transformers")
@@ -315,3 +316,17 @@ def test_edges_batched_in_one_forward_equal_one_edge_per_forward(build):
 def test_edges_per_run_must_be_a_positive_int():
     with pytest.raises(ValueError, match="`edges_per_run`"):
         exact_edge_effects(tiny_gpt2(), CLEAN, CORRUPTED, metric, [("embed", "logits")], edges_per_run=0)
+
+
+def test_gqa_reader_weights_are_the_q_k_v_slices_in_graph_order():
+    """The attention readers' weight slices: query heads, then one key and one value slice per group (fast)."""
+    model = tiny_llama()
+    graph = read_graph(model)
+    weight, bias = reader_weights(model, graph, 1)
+    attention = model.model.layers[1].self_attn
+    d = graph.d_head
+    expected = torch.cat([attention.q_proj.weight, attention.k_proj.weight, attention.v_proj.weight]).unflatten(
+        0, (-1, d)
+    )
+    assert weight.shape == (graph.n_heads + 2 * graph.n_groups, d, 32) and torch.equal(weight, expected)
+    assert torch.equal(bias, torch.zeros(len(weight), d))
