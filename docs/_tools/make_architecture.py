@@ -30,17 +30,34 @@ BOXES = [
     (
         0.0,
         1.9,
-        10.0,
+        6.3,
         1.3,
-        "the run kernel: attribution/_run.py, _inputs.py, targets.py, _maps.py, _progress.py",
-        "HookedRun (one hook group, model state kept, graph from the first site) · kept_state · eager_if_compiled\n"
-        "warn (attributed to the caller) · inputs and targets in every form · map arithmetic · progress bars",
+        "the run kernel: attribution/_*.py, targets.py",
+        "HookedRun (one hook group, model state kept, graph from the first site)\n"
+        "warn · inputs, pairs and targets · maps · replay · transformer rules",
         "#e3f1df",
+    ),
+    (
+        6.4,
+        1.9,
+        3.6,
+        1.3,
+        "models/: the one reader",
+        "lm_layout · vit_layout · find_attention\nweight · linear (also offloaded)",
+        "#d5f0ec",
     ),
     (0.0, 3.8, 1.9, 1.7, "cam/", "GradCAM and kin\n_base · _math", "#fdf0d5"),
     (2.0, 3.8, 1.9, 1.7, "rollout/", "AttentionRollout\nGradientRollout\n_math · _sites", "#fdf0d5"),
-    (4.0, 3.8, 2.1, 1.7, "patching/", "sites · activation\nAtP · path\n_sweep · _replay", "#fdf0d5"),
-    (6.2, 3.8, 1.9, 1.7, "new families", "gradients/ · lrp/\nlens/ · generation/\ncircuits/", "#fdf0d5"),
+    (4.0, 3.8, 2.1, 1.7, "patching/", "sites · activation\nAtP · path\n_sweep", "#fdf0d5"),
+    (
+        6.2,
+        3.8,
+        1.9,
+        1.7,
+        "more families",
+        "gradients/ · lrp/\nreference/ · lens/\nperturbation/\ngeneration/ · circuits/",
+        "#fdf0d5",
+    ),
     (8.2, 3.8, 1.8, 1.7, "metrics/", "deletion · ROAD\npointing\nrandomisation", "#fdf0d5"),
     (
         0.0,
@@ -62,7 +79,7 @@ def main() -> None:
         ax.add_patch(FancyBboxPatch((x, y), w, h, boxstyle="round,pad=0.02,rounding_size=0.12", fc=face, ec="#555"))
         ax.text(x + w / 2, y + h - 0.28, title, ha="center", va="center", fontsize=10.5, weight="bold")
         ax.text(x + w / 2, y + (h - 0.45) / 2, lines, ha="center", va="center", fontsize=8.6, linespacing=1.35)
-    for x, top, bottom in [(3.3, 6.1, 5.5), (8.4, 6.1, 5.5), (5.0, 3.8, 3.2), (5.0, 1.9, 1.3)]:
+    for x, top, bottom in [(3.3, 6.1, 5.5), (8.4, 6.1, 5.5), (3.0, 3.8, 3.2), (7.6, 3.8, 3.2), (3.0, 1.9, 1.3)]:
         arrow = FancyArrowPatch((x, top), (x, bottom), arrowstyle="-|>", mutation_scale=16, lw=1.4, color="#333")
         ax.add_patch(arrow)
     ax.text(
