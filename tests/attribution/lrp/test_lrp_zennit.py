@@ -5,6 +5,8 @@ The relevance at the output is the one-hot target times the output in both (zenn
 
 from __future__ import annotations
 
+import importlib.metadata
+
 import pytest
 import torch
 from torch import nn
@@ -19,6 +21,17 @@ zennit_rules = pytest.importorskip("zennit.rules")
 zennit_torchvision = pytest.importorskip("zennit.torchvision")
 
 pytestmark = pytest.mark.peers
+
+# zennit 0.5.1 (the newest release on PyPI) merges a batch norm into the layer before it but leaves the batch norm's
+# eps: the "identity" left behind computes x / sqrt(1 + eps) (its MergeBatchNorm.merge_batch_norm). zennit's
+# repository zeroes eps since (and, for PyTorch >= 2.10, sets var = eps = 0.5: zennit#234, #240). Against 0.5.1 the
+# cases with batch norms differ by about 1e-3, so they are compared only against a zennit newer than 0.5.1.
+_ZENNIT = tuple(int(p) for p in importlib.metadata.version("zennit").split(".")[:3] if p.isdigit())
+BATCH_NORMS_MERGED = _ZENNIT > (0, 5, 1)
+needs_merged_batch_norms = pytest.mark.skipif(
+    not BATCH_NORMS_MERGED,
+    reason="zennit 0.5.1 leaves a merged batch norm's eps (x / sqrt(1 + eps)); a newer zennit zeroes it",
+)
 
 LOW, HIGH = -2.5, 3.0
 COMPOSITES = {
@@ -86,18 +99,22 @@ def _check(model: nn.Module, name: str, canonizer: type, x: torch.Tensor) -> Non
 @pytest.mark.parametrize("name", list(COMPOSITES))
 @pytest.mark.parametrize("batch_norm", [False, True], ids=["vgg", "vgg_bn"])
 def test_vgg_matches_zennit(name: str, batch_norm: bool) -> None:
+    if batch_norm and not BATCH_NORMS_MERGED:
+        pytest.skip("zennit 0.5.1 leaves a merged batch norm's eps (x / sqrt(1 + eps)); a newer zennit zeroes it")
     x = torch.randn(2, 3, 16, 12, dtype=torch.float64, generator=torch.Generator().manual_seed(2))
     _check(_vgg(batch_norm), name, zennit_torchvision.VGGCanonizer, x)
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("name", list(COMPOSITES))
+@needs_merged_batch_norms
 def test_resnet18_matches_zennit(name: str) -> None:
     x = torch.randn(2, 3, 32, 24, dtype=torch.float64, generator=torch.Generator().manual_seed(3))
     _check(_resnet18(), name, zennit_torchvision.ResNetCanonizer, x)
 
 
 @pytest.mark.slow
+@needs_merged_batch_norms
 def test_resnet18_one_image_matches_zennit() -> None:
     """The fast check of the ResNet canonization (skip sums, downsample branches, merged batch norms)."""
     x = torch.randn(1, 3, 16, 16, dtype=torch.float64, generator=torch.Generator().manual_seed(4))
@@ -111,6 +128,7 @@ class _BatchNormReLU6(nn.BatchNorm2d):
         return nn.functional.relu6(super().forward(x))
 
 
+@needs_merged_batch_norms
 def test_grouped_strided_dilated_convs_pools_and_activations_match_zennit() -> None:
     """Conv options the VGG lacks, a batch norm with an activation inside it, ELU (Pass), average pooling (Norm)."""
     torch.manual_seed(5)
