@@ -29,6 +29,7 @@ from .circuits import (
 from .datasets import aggregate as _aggregate
 from .datasets import attribute_dataset, class_means, mean_patching, open_results
 from .datasets import runner as _runner
+from .dictionaries import SAE, Transcoder, ablate_direction, diff_means, load_dictionary, splice, steer
 from .generation import GenerationAttribution, attribute_generation
 from .gradients import (
     Deconvolution,
@@ -77,23 +78,30 @@ __all__ = [
     "Patch",
     "Saliency",
     "ScoreCAM",
+    "SAE",
     "SmoothGrad",
+    "Transcoder",
     "XGradCAM",
+    "ablate_direction",
     "activation_patching",
     "attribute_dataset",
     "attribute_generation",
     "attribution_patching",
     "class_means",
+    "diff_means",
     "direct_logit_attribution",
     "edge_attribution",
     "evaluate",
     "exact_edge_effects",
     "faithfulness",
     "faithfulness_curve",
+    "load_dictionary",
     "logit_lens",
     "mean_patching",
     "open_results",
     "patch",
     "path_patching",
     "record",
+    "splice",
+    "steer",
 ]
