@@ -29,7 +29,16 @@ from .circuits import (
 from .datasets import aggregate as _aggregate
 from .datasets import attribute_dataset, class_means, mean_patching, open_results
 from .datasets import runner as _runner
-from .dictionaries import SAE, Transcoder, ablate_direction, diff_means, load_dictionary, splice, steer
+from .dictionaries import (
+    SAE,
+    Transcoder,
+    ablate_direction,
+    diff_means,
+    load_dictionary,
+    splice,
+    steer,
+    train_dictionary,
+)
 from .generation import GenerationAttribution, attribute_generation
 from .gradients import (
     Deconvolution,
@@ -104,4 +113,5 @@ __all__ = [
     "record",
     "splice",
     "steer",
+    "train_dictionary",
 ]

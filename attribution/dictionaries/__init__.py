@@ -15,6 +15,7 @@ from .directions import ablate_direction, diff_means, steer
 from .formats import load_dictionary
 from .modules import SAE, Transcoder
 from .splice import splice
+from .train import train_dictionary
 
 __all__ = [
     "SAE",
@@ -24,4 +25,5 @@ __all__ = [
     "load_dictionary",
     "splice",
     "steer",
+    "train_dictionary",
 ]
