@@ -12,16 +12,19 @@ leaves it exactly as it found it.
 """
 
 from .directions import ablate_direction, diff_means, steer
+from .evaluate import DictionaryReport, evaluate_dictionary
 from .formats import load_dictionary
 from .modules import SAE, Transcoder
 from .splice import splice
 from .train import train_dictionary
 
 __all__ = [
+    "DictionaryReport",
     "SAE",
     "Transcoder",
     "ablate_direction",
     "diff_means",
+    "evaluate_dictionary",
     "load_dictionary",
     "splice",
     "steer",
