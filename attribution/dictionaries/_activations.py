@@ -1,4 +1,4 @@
-"""Activations to train on: recorded into the dataset store's shards, or given; rows read by index, bad rows left out."""
+"""Activations to train on: recorded into the dataset store or given; rows read by index, bad rows left out."""
 
 from __future__ import annotations
 
@@ -15,9 +15,15 @@ from .._run import Element, HookedRun, eager_module, hook_site, warn
 from ..datasets import Results, attribute_dataset, open_results
 
 
+class _Stop(Exception):
+    """Raised by the recording hook once the site has run: the rest of the forward is skipped."""
+
+
 class SiteRecorder:
-    """``recorder(tokens) -> (batch, tokens, width)``: a site's activations (a transcoder's input and output side by
-    side) in one forward of the model; its ``repr`` is what the dataset store fingerprints."""
+    """``recorder(tokens) -> (batch, tokens, width)``: a site's activations in one forward of the model.
+
+    A transcoder's rows hold the module's input and output side by side; the ``repr`` is what the store fingerprints.
+    """
 
     def __init__(self, model: nn.Module, site: str, *, both: bool, element: Element = None) -> None:
         self.model = model
@@ -27,13 +33,23 @@ class SiteRecorder:
 
     def __call__(self, inputs: Any) -> torch.Tensor:
         got: dict[str, torch.Tensor] = {}
+
+        def output(x: torch.Tensor, name: str, call: int) -> None:
+            got["output"] = x
+            raise _Stop("the site was recorded")  # nothing after the site is needed: the forward stops here
+
         with HookedRun(eager_module(self.model), "train_dictionary.record") as run:
-            hook_site(run.group, self.site, "output", self.element, lambda x, n, c: got.__setitem__("output", x))
+            hook_site(run.group, self.site, "output", self.element, output)
             if self.both:
                 hook_site(run.group, self.site, "input", None, lambda x, n, c: got.__setitem__("input", x))
-            run.forward(inputs)
+            try:
+                run.forward(inputs)
+            except _Stop:
+                pass
         if "output" not in got:
-            raise ValueError(f"`site` {self.site!r} did not run during the forward pass: choose a module the model calls")
+            raise ValueError(
+                f"`site` {self.site!r} did not run during the forward pass: choose a module the model calls"
+            )
         parts = [got["input"], got["output"]] if self.both else [got["output"]]
         return torch.cat([p.detach().float() for p in parts], dim=-1)
 
@@ -46,7 +62,7 @@ def record_shards(
     model: nn.Module, data: Any, site: str, out: Path, *, both: bool, batch_size: int, progress: bool
 ) -> Results:
     """Record ``site`` over ``data`` into ``out`` with the dataset store (fingerprinted, verified, resumable)."""
-    dataset = data if isinstance(data, DataLoader) else _items(data)
+    dataset: Any = data if isinstance(data, DataLoader) else _items(data)
     return attribute_dataset(
         SiteRecorder(model, site, both=both),
         dataset,
@@ -59,21 +75,18 @@ def record_shards(
 
 
 def _items(data: Iterable[Any]) -> torch.Tensor:
-    """Token batches ``(batch, tokens)`` (a tensor, or an iterable of them, all of one length) as one tensor."""
-    if isinstance(data, torch.Tensor):
-        batches = [data]
-    else:
-        batches = list(data)
-    if not batches or not all(isinstance(b, torch.Tensor) and b.dim() == 2 for b in batches):
+    """Batches of model inputs (token ids ``(batch, tokens)``, or any tensors of one item shape) as one tensor."""
+    batches = [data] if isinstance(data, torch.Tensor) else list(data)
+    if not batches or not all(isinstance(b, torch.Tensor) and b.dim() >= 2 for b in batches):
         raise TypeError(
-            "`data` must be token batches (batch, tokens) as a tensor or an iterable of tensors, or a DataLoader; "
-            f"got {type(data).__name__}"
+            "`data` must be batches of model inputs (token ids (batch, tokens)) as a tensor or an iterable of "
+            f"tensors, or a DataLoader; got {type(data).__name__}"
         )
-    lengths = sorted({b.shape[1] for b in batches})
-    if len(lengths) > 1:
+    shapes = sorted({tuple(b.shape[1:]) for b in batches})
+    if len(shapes) > 1:
         raise ValueError(
-            f"`data` has batches of {lengths} tokens; the activation store keeps one shape per item: cut the text "
-            "into sequences of one length"
+            f"`data` has batches of items of shapes {shapes}; the activation store keeps one shape per item: cut the "
+            "text into sequences of one length"
         )
     return torch.cat(batches)
 

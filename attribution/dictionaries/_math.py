@@ -60,7 +60,7 @@ def unit_rows(weight: torch.Tensor) -> torch.Tensor:
 
 
 def without_parallel_gradient(weight: torch.Tensor, grad: torch.Tensor) -> torch.Tensor:
-    """``grad`` less its component along each (unit) row of ``weight``: the step keeps the rows' norms to first order."""
+    """``grad`` less its component along each unit row of ``weight``: the step keeps the rows' norms to first order."""
     rows = unit_rows(weight)
     return grad - (grad * rows).sum(-1, keepdim=True) * rows
 

@@ -152,5 +152,7 @@ def _one_batch(model: nn.Module, batch: Any, site: str, dictionary: Dictionary, 
 def _logits(output: Any) -> torch.Tensor:
     logits = getattr(output, "logits", output)
     if not isinstance(logits, torch.Tensor) or logits.dim() != 3:
-        raise TypeError("evaluate_dictionary needs a language model: logits (batch, tokens, vocab) or an output with .logits")
+        raise TypeError(
+            "evaluate_dictionary needs a language model: logits (batch, tokens, vocab) or an output with .logits"
+        )
     return logits

@@ -1,5 +1,6 @@
-"""Dictionaries on disk: hookscope's own format, and the folders SAELens, sparsify, dictionary_learning and
-circuit-tracer write, read without importing those packages.
+"""Dictionaries on disk: hookscope's own format, and the peers' folders read without importing the peers.
+
+The peers are SAELens, sparsify, dictionary_learning and circuit-tracer.
 
 hookscope's format is a folder of two files, written atomically (each to a temporary name, then renamed; the JSON
 last, so that a folder with ``dictionary.json`` is complete):
@@ -124,7 +125,9 @@ def load_dictionary(path: str | Path) -> Dictionary:
 
 def _nothing_found(path: Path) -> str:
     """The error for a folder that matches no format: what is there, and what each format needs."""
-    inner = sorted(str(p.parent.relative_to(path)) for p in path.glob("*/cfg.json") if (p.parent / SPARSIFY[1]).is_file())
+    inner = sorted(
+        str(p.parent.relative_to(path)) for p in path.glob("*/cfg.json") if (p.parent / SPARSIFY[1]).is_file()
+    )
     layers = sorted(p.name for p in path.glob("*.safetensors"))
     hint = f" It holds sparsify hookpoints: pass one of {inner}." if inner else ""
     hint += f" It holds circuit-tracer layer files: pass one of {layers}." if layers else ""
@@ -157,7 +160,9 @@ def _ours(path: Path) -> Dictionary:
 def _saelens(path: Path) -> Dictionary:
     cfg, file = _json(path / SAELENS[0]), path / SAELENS[1]
     weights = _read_safetensors(file)
-    arch = cfg.get("architecture") or {"relu": "standard", "topk": "topk"}.get(cfg.get("activation_fn_str", "relu"))
+    arch = cfg.get("architecture") or {"relu": "standard", "topk": "topk"}.get(
+        str(cfg.get("activation_fn_str", "relu"))
+    )
     norm = cfg.get("normalize_activations", "none")
     if norm not in ("none", None):
         raise ValueError(
@@ -176,7 +181,7 @@ def _saelens(path: Path) -> Dictionary:
     if "topk_threshold" in weights:  # a BatchTopK training checkpoint
         weights["threshold"] = weights.pop("topk_threshold").reshape(())
         arch = "batchtopk"
-    activation = {"standard": "relu", "topk": "topk", "jumprelu": "jumprelu", "batchtopk": "batchtopk"}.get(arch)
+    activation = {"standard": "relu", "topk": "topk", "jumprelu": "jumprelu", "batchtopk": "batchtopk"}.get(str(arch))
     if arch in ("transcoder", "skip_transcoder", "jumprelu_transcoder"):
         tc = Transcoder(
             cfg["d_in"], cfg["d_out"], cfg["d_sae"], activation="jumprelu" if "jumprelu" in arch else "relu",

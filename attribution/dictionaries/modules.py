@@ -87,7 +87,7 @@ class _Sparse(nn.Module):
         """
         from .formats import save_dictionary
 
-        return save_dictionary(self, path)
+        return save_dictionary(self, path)  # type: ignore[arg-type]  # self is an SAE or a Transcoder
 
     def _check(self, x: torch.Tensor) -> None:
         if x.shape[-1] != self.d_in:
@@ -199,6 +199,7 @@ class Transcoder(_Sparse):
         return out if skip is None else out + skip
 
     def extra_repr(self) -> str:
+        """The sizes, the activation and the skip."""
         return super().extra_repr() + f", d_out={self.d_out}" + (", skip=True" if self.skip else "")
 
 

@@ -11,7 +11,17 @@ from torch import nn
 
 from hooks import HookManager, resolve
 
-from .._run import Element, SiteTypeError, SiteValueError, Threads, eager_if_compiled, eager_module, hook_site, put, select
+from .._run import (
+    Element,
+    SiteTypeError,
+    SiteValueError,
+    Threads,
+    eager_if_compiled,
+    eager_module,
+    hook_site,
+    put,
+    select,
+)
 from .modules import SAE, Dictionary, Transcoder, reconstruct
 
 CHILD = "dictionary"

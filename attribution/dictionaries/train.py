@@ -111,7 +111,7 @@ def train_dictionary(
         >>> sae = SAE(8, 32, k=2)
         >>> sae = train_dictionary(None, torch.randn(512, 8), None, sae, out=tempfile.mkdtemp(), batch_size=128,
         ...                        lr=1e-2, progress=False)
-        >>> float(sae.W_dec.norm(dim=-1).max()) < 1 + 1e-5
+        >>> float(sae.W_dec.detach().norm(dim=-1).max()) < 1 + 1e-5
         True
     """
     out = Path(out)
@@ -139,7 +139,9 @@ def _rows(
     else:
         if not isinstance(site, str):
             raise TypeError(f"`site` must be the name of a module of the model; got {site!r}")
-        results = record_shards(model, data, site, out / "activations", both=both, batch_size=min(batch, 64), progress=progress)
+        results = record_shards(
+            model, data, site, out / "activations", both=both, batch_size=min(batch, 64), progress=progress
+        )
         rows = Rows(results)
     if rows.width != width:
         what = f"d_in + d_out = {dictionary.d_in} + {dictionary.d_out}" if both else f"d_in = {dictionary.d_in}"
@@ -186,7 +188,9 @@ def _resume(out: Path, plan: _Plan, dictionary: Dictionary) -> _State:
     settings = out / SETTINGS
     stored = json.loads(settings.read_text()) if settings.is_file() else None
     if stored is not None and stored != asdict(plan):
-        differ = "; ".join(f"{k}: {stored.get(k)!r} there, {v!r} now" for k, v in asdict(plan).items() if stored.get(k) != v)
+        differ = "; ".join(
+            f"{k}: {stored.get(k)!r} there, {v!r} now" for k, v in asdict(plan).items() if stored.get(k) != v
+        )
         raise ValueError(
             f"`out` {str(out)!r} holds a training run with other settings ({differ}): use another folder, or delete "
             f"{settings.name} and {CHECKPOINT} there to start over"
@@ -202,7 +206,9 @@ def _resume(out: Path, plan: _Plan, dictionary: Dictionary) -> _State:
     return state
 
 
-def _loop(dictionary: Dictionary, rows: Rows, plan: _Plan, state: _State, out: Path, every: int, progress: bool) -> None:
+def _loop(
+    dictionary: Dictionary, rows: Rows, plan: _Plan, state: _State, out: Path, every: int, progress: bool
+) -> None:
     """Steps ``state.step .. plan.steps - 1``, a checkpoint every ``every`` steps and at the end."""
     device = dictionary.W_enc.device
     for step in progress_bar(range(state.step, plan.steps), desc="train_dictionary", enabled=progress):
@@ -242,7 +248,9 @@ def _split(dictionary: Dictionary, batch: torch.Tensor) -> tuple[torch.Tensor, t
     return batch[:, : dictionary.d_in], batch[:, dictionary.d_in :]
 
 
-def _step(dictionary: Dictionary, state: _State, source: torch.Tensor, target: torch.Tensor, plan: _Plan, seen: int) -> None:
+def _step(
+    dictionary: Dictionary, state: _State, source: torch.Tensor, target: torch.Tensor, plan: _Plan, seen: int
+) -> None:
     """One optimizer step: loss, gradient without its parallel part on the decoder, Adam, unit rows, counters."""
     pre = dictionary.pre(source)
     f = _math.batch_topk(pre, dictionary.k) if dictionary.activation == "batchtopk" else _math.topk(pre, dictionary.k)
@@ -270,7 +278,9 @@ def _step(dictionary: Dictionary, state: _State, source: torch.Tensor, target: t
             kept = f[f > 0]
             smallest = kept.min() if kept.numel() else torch.zeros((), device=f.device, dtype=f.dtype)
             first = seen == 0
-            dictionary.threshold.copy_(smallest if first else THRESHOLD_BETA * dictionary.threshold + (1 - THRESHOLD_BETA) * smallest)
+            dictionary.threshold.copy_(
+                smallest if first else THRESHOLD_BETA * dictionary.threshold + (1 - THRESHOLD_BETA) * smallest
+            )
 
 
 def _checkpoint(out: Path, dictionary: Dictionary, state: _State) -> None:

@@ -53,7 +53,7 @@ def hand_report(model, dictionary, transcoder=False):
     ys, sources, ce, kls = [], [], {"clean": [], "spliced": [], "zero": []}, []
     for ids in batches():
         seen = {}
-        clean = hand_logits(model, ids, lambda i, o: seen.update(i=i, o=o))
+        clean = hand_logits(model, ids, lambda i, o, seen=seen: seen.update(i=i, o=o))
         spliced = hand_logits(model, ids, lambda i, o: dictionary(i if transcoder else o))
         zero = hand_logits(model, ids, lambda i, o: torch.zeros_like(o))
         ys.append(seen["o"].reshape(-1, 16))
@@ -93,6 +93,10 @@ def test_the_report_equals_the_hand_computation(model, kind):
     report = evaluate_dictionary(model, batches(), SITE, dictionary, progress=False)
     expected = hand_report(model, dictionary, transcoder=kind == "transcoder")
     for name, value in expected.items():
-        assert math.isclose(getattr(report, name), value, rel_tol=1e-9, abs_tol=1e-12), (name, getattr(report, name), value)
+        assert math.isclose(getattr(report, name), value, rel_tol=1e-9, abs_tol=1e-12), (
+            name,
+            getattr(report, name),
+            value,
+        )
     assert 0.5 <= report.dead_fraction < 1 and report.l0 > 0 and abs(report.loss_zero - report.loss_clean) > 1e-3
     assert hook_state(model) == before and "FVU" in str(report)

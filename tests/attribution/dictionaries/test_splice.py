@@ -179,7 +179,10 @@ def test_bad_sites_are_refused_with_what_came(model):
     with pytest.raises(ValueError, match=r"d_in=8, but the site's activation has shape \(2, 5, 16\) \(width 16\)"):
         with splice(model, {SITE: SAE(8, 16).double()}):
             logits(model, tokens(0))
-    with pytest.raises(TypeError, match="it is a tuple: pass element="), splice(model, {"model.layers.0.self_attn": sae64()}):
+    with (
+        pytest.raises(TypeError, match="it is a tuple: pass element="),
+        splice(model, {"model.layers.0.self_attn": sae64()}),
+    ):
         logits(model, tokens(0))
     with splice(model, {"model.layers.0.self_attn": sae64()}, element=0):
         assert torch.equal(logits(model, tokens(0)), logits(model, tokens(0)))
