@@ -72,7 +72,7 @@ def save_dictionary(dictionary: Dictionary, path: str | Path) -> Path:
 def load_dictionary(path: str | Path) -> Dictionary:
     """Read a dictionary from disk; the format is found from the files present.
 
-    Reads hookscope's own folders (:meth:`SAE.save`, bitwise), SAELens folders (``cfg.json`` +
+    Reads hookscope's own folders (``SAE.save``, bitwise), SAELens folders (``cfg.json`` +
     ``sae_weights.safetensors``: ``standard``, ``topk``, ``jumprelu``, ``batchtopk``, ``transcoder``,
     ``skip_transcoder`` and ``jumprelu_transcoder``), sparsify hookpoint folders (``cfg.json`` + ``sae.safetensors``,
     SAEs and transcoders), dictionary_learning folders (``config.json`` + ``ae.pt``: ``AutoEncoder``,

@@ -111,7 +111,7 @@ class SAE(_Sparse):
     * ``"relu"``: ``relu(pre)``;
     * ``"topk"``: the ``k`` largest of ``relu(pre)`` per vector, zero elsewhere;
     * ``"batchtopk"``: in training (:func:`~attribution.train_dictionary`) the ``k x rows`` largest of ``relu(pre)``
-      over the batch (Bussmann et al. 2024); in :meth:`encode` the learned rule ``relu(pre) * (pre > threshold)``
+      over the batch (Bussmann et al. 2024); in ``encode`` the learned rule ``relu(pre) * (pre > threshold)``
       with one scalar buffer ``threshold``;
     * ``"jumprelu"``: ``pre * (pre > threshold)`` with a buffer ``threshold (n_features)``.
 
