@@ -201,3 +201,42 @@ def test_a_float32_dictionary_on_a_float64_model_keeps_the_model_dtype(model):
     with splice(model, {SITE: SAE(16, 32, k=4)}):
         out = logits(model, ids)
     assert out.dtype == torch.float64 and torch.equal(out, logits(model, ids))
+
+
+def embedding_gradient(model, ids, hook=None):
+    """Logits and d(logits . w)/d(embedding weight) of one run with autograd on, ``hook`` replacing the output."""
+    handle = model.get_submodule(SITE).register_forward_hook(hook) if hook is not None else None
+    try:
+        out = model(ids).logits
+        w = torch.linspace(-1, 1, out.shape[-1], dtype=out.dtype)
+        (grad,) = torch.autograd.grad((out * w).sum(), model.model.embed_tokens.weight)
+    finally:
+        if handle is not None:
+            handle.remove()
+    return out.detach(), grad
+
+
+def test_with_autograd_the_value_is_still_bitwise_and_gradients_flow_through_the_reconstruction(model):
+    ids, sae = tokens(10), sae64()
+    with record(model, SITE) as plain_site:
+        plain_out, plain_grad = embedding_gradient(model, ids)
+    with splice(model, {SITE: sae}), record(model, SITE) as site:  # recorded after the splice's hook
+        out, grad = embedding_gradient(model, ids)
+    # the error term keeps the value bitwise, also when a graph is recorded (r + (x - r) would not be x)
+    assert torch.equal(site[SITE], plain_site[SITE]) and torch.equal(out, plain_out)
+
+    def hand(m, a, x):  # the gradient goes through sae(x), never through the error x - sae(x)
+        return x.detach() + (sae(x) - sae(x).detach())
+
+    torch.testing.assert_close(grad, embedding_gradient(model, ids, hand)[1], rtol=1e-9, atol=1e-12)
+    assert not torch.allclose(grad, plain_grad, atol=1e-6)
+    constant = torch.full((2, 5, 16), 0.25, dtype=torch.float64)
+    with splice(model, {SITE: sae}), patch(model, {ERROR: constant}):
+        out, grad = embedding_gradient(model, ids)
+
+    def hand_patched(m, a, x):  # reconstruction (differentiable) plus the constant error
+        return x.detach() + (sae(x) - sae(x).detach()) + (constant - (x - sae(x)).detach())
+
+    hand_out, hand_grad = embedding_gradient(model, ids, hand_patched)
+    torch.testing.assert_close(out, hand_out, rtol=0, atol=1e-12)
+    torch.testing.assert_close(grad, hand_grad, rtol=1e-9, atol=1e-12)
