@@ -96,14 +96,15 @@ def ioi_features(model, tokenizer, sae, site) -> tuple[torch.Tensor, list[tuple[
             model(**clean)
         with torch.no_grad():
             base = float(metric(model(**corrupted)))
+        atp = atp - base  # the estimated change of the metric
         checked = []
         for index in atp.abs().flatten().topk(3).indices.tolist():
             position, feature = divmod(index, n)
             cell = Patch(acts[features], index=(slice(None), position, feature))
             with patch(model, {features: cell}), torch.no_grad():
                 exact = float(metric(model(**corrupted))) - base
-            checked.append((position, feature, float(atp[position, feature]) - base, exact))
-    return atp - base, checked
+            checked.append((position, feature, float(atp[position, feature]), exact))
+    return atp, checked
 
 
 def main(out: Path, sequences: int, passes: int, threads: int) -> None:
@@ -154,6 +155,7 @@ def draw(atp: torch.Tensor, report, positions: list[str], path: Path) -> None:
     names = ["loss clean", "loss spliced", "loss zero-abl."]
     values = [report.loss_clean, report.loss_spliced, report.loss_zero]
     axes[1].bar(names, values, color=["#4c72b0", "#dd8452", "#c44e52"])
+    axes[1].set_ylim(min(values) - 0.1, max(values) + 0.05)
     axes[1].set_ylabel("next-token cross-entropy (nats)")
     axes[1].set_title(
         f"held out: FVU {report.fvu:.2f}, L0 {report.l0:.0f}, recovered {100 * report.loss_recovered:.0f}%", fontsize=10
