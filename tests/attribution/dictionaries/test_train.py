@@ -1,0 +1,131 @@
+"""train_dictionary: ground truth recovered, kill-and-resume bitwise, the dataset store's shards, bad activations."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from attribution import SAE, Transcoder, open_results, record, train_dictionary
+from attribution.dictionaries import train as train_module
+
+
+def toy(seed=0, rows=8192, d=16, n_true=32, k=3):
+    """Activations that are sparse sums (k of n_true, coefficients 0.5..1.5) of known unit directions."""
+    g = torch.Generator().manual_seed(seed)
+    truth = torch.nn.functional.normalize(torch.randn(n_true, d, generator=g), dim=-1)
+    chosen = torch.rand(rows, n_true, generator=g).argsort(-1)[:, :k]
+    coefficients = torch.rand(rows, k, generator=g) + 0.5
+    return truth, (coefficients[..., None] * truth[chosen]).sum(1)
+
+
+def best_cosines(truth, sae):
+    return (truth @ torch.nn.functional.normalize(sae.W_dec.detach(), dim=-1).T).max(1).values
+
+
+@pytest.mark.slow
+def test_a_topk_sae_recovers_the_ground_truth_directions(tmp_path):
+    truth, x = toy()
+    torch.manual_seed(1)
+    sae = SAE(16, 64, k=3)
+    assert best_cosines(truth, sae).mean() < 0.7  # not there at initialisation
+    train_dictionary(None, x, None, sae, out=tmp_path, tokens=4 * len(x), batch_size=128, lr=1e-2, progress=False)
+    cos = best_cosines(truth, sae)
+    assert cos.mean() >= 0.95 and cos.min() >= 0.9, (cos.mean(), cos.min())
+    torch.testing.assert_close(sae.W_dec.norm(dim=-1), torch.ones(64))  # unit decoder rows
+
+
+def interrupted(monkeypatch, at):
+    """Make the training loop raise KeyboardInterrupt at step ``at`` (as a kill would stop it)."""
+    real, calls = train_module._step, {"n": 0}
+
+    def step(*args, **kwargs):
+        if calls["n"] == at:
+            raise KeyboardInterrupt
+        calls["n"] += 1
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(train_module, "_step", step)
+
+
+@pytest.mark.parametrize(
+    "make", [lambda: SAE(8, 24, k=2), lambda: Transcoder(8, 4, 24, activation="batchtopk", k=2, skip=True)]
+)
+def test_kill_and_resume_ends_bitwise_equal_to_an_uninterrupted_run(tmp_path, monkeypatch, make):
+    x = torch.randn(600, 12 if isinstance(make(), Transcoder) else 8, generator=torch.Generator().manual_seed(0))
+    options = {"tokens": 1000, "batch_size": 64, "lr": 3e-3, "seed": 5, "checkpoint_every": 3, "progress": False}
+    torch.manual_seed(0)
+    whole = train_dictionary(None, x, None, make(), out=tmp_path / "whole", **options)
+    with monkeypatch.context() as m:
+        interrupted(m, at=7)  # checkpoints after steps 3 and 6; step 7 is lost
+        torch.manual_seed(0)
+        with pytest.raises(KeyboardInterrupt):
+            train_dictionary(None, x, None, make(), out=tmp_path / "killed", **options)
+    assert torch.load(tmp_path / "killed" / "checkpoint.pt", weights_only=True)["step"] == 6
+    torch.manual_seed(0)
+    resumed = train_dictionary(None, x, None, make(), out=tmp_path / "killed", **options)
+    for key, value in whole.state_dict().items():
+        assert torch.equal(value, resumed.state_dict()[key]), key
+    torch.manual_seed(123)  # a finished run returns the stored result whatever the fresh module holds
+    again = train_dictionary(None, x, None, make(), out=tmp_path / "killed", **options)
+    assert all(torch.equal(v, again.state_dict()[k]) for k, v in whole.state_dict().items())
+
+
+def test_resuming_with_other_settings_is_refused_naming_them(tmp_path):
+    x = torch.randn(100, 8)
+    train_dictionary(None, x, None, SAE(8, 16, k=2), out=tmp_path, batch_size=50, lr=1e-3, progress=False)
+    with pytest.raises(ValueError, match=r"other settings \(lr: 0\.001 there, 0\.002 now\)"):
+        train_dictionary(None, x, None, SAE(8, 16, k=2), out=tmp_path, batch_size=50, lr=2e-3, progress=False)
+
+
+class Tiny(torch.nn.Module):
+    """Tokens -> embedding -> Linear ("mlp"): every position's activation is known by hand."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.embed, self.mlp = torch.nn.Embedding(10, 6), torch.nn.Linear(6, 6)
+
+    def forward(self, tokens):
+        return self.mlp(self.embed(tokens))
+
+
+def test_recorded_shards_hold_every_position_and_training_on_them_equals_training_on_the_tensor(tmp_path):
+    model, data = Tiny(), [torch.randint(1, 10, (4, 5), generator=torch.Generator().manual_seed(i)) for i in range(3)]
+    options = {"batch_size": 16, "lr": 1e-2, "progress": False}
+    torch.manual_seed(0)
+    recorded = train_dictionary(model, data, "mlp", SAE(6, 12, k=2), out=tmp_path / "a", **options)
+    shards = open_results(tmp_path / "a" / "activations", verify=True)
+    with torch.no_grad(), record(model, "mlp") as acts:
+        model(torch.cat(data))
+    assert torch.equal(shards.maps[:], acts["mlp"])  # (12 sequences, 5 positions, 6)
+    torch.manual_seed(0)
+    given = train_dictionary(None, acts["mlp"].reshape(-1, 6), None, SAE(6, 12, k=2), out=tmp_path / "b", **options)
+    assert all(torch.equal(v, given.state_dict()[k]) for k, v in recorded.state_dict().items())
+    tc = Transcoder(6, 6, 12, k=2)
+    train_dictionary(model, data, "mlp", tc, out=tmp_path / "c", **options)
+    rows = open_results(tmp_path / "c" / "activations").maps[:]
+    assert torch.equal(rows, torch.cat([model.embed(torch.cat(data)).detach(), acts["mlp"]], dim=-1))
+
+
+def test_nan_activations_are_named_and_left_out(tmp_path):
+    model = Tiny()
+    with torch.no_grad():
+        model.embed.weight[0] = float("nan")
+    data = torch.randint(1, 10, (6, 4), generator=torch.Generator().manual_seed(0))
+    data[2, 1] = data[4, 3] = 0
+    with pytest.warns(UserWarning, match=r"2 recorded activation\(s\) hold NaN or inf .*item 2 .*item 4"):
+        sae = train_dictionary(model, [data], "mlp", SAE(6, 12, k=2), out=tmp_path, batch_size=8, progress=False)
+    assert all(torch.isfinite(p).all() for p in sae.parameters())
+    x = torch.randn(20, 6)
+    x[[3, 7]] = float("inf")
+    with pytest.warns(UserWarning, match=r"row 3; row 7"):
+        train_dictionary(None, x, None, SAE(6, 12, k=2), out=tmp_path / "t", batch_size=8, progress=False)
+
+
+def test_bad_dictionaries_and_widths_are_refused(tmp_path):
+    with pytest.raises(ValueError, match="trains activation='topk' and 'batchtopk'"):
+        train_dictionary(None, torch.randn(8, 4), None, SAE(4, 8, activation="relu"), out=tmp_path, progress=False)
+    with pytest.raises(ValueError, match=r"width 5, but the SAE reads d_in = 4"):
+        train_dictionary(None, torch.randn(8, 5), None, SAE(4, 8, k=2), out=tmp_path, progress=False)
+    with pytest.raises(ValueError, match=r"width 5, but the Transcoder reads d_in \+ d_out = 4 \+ 3"):
+        train_dictionary(None, torch.randn(8, 5), None, Transcoder(4, 3, 8, k=2), out=tmp_path, progress=False)
