@@ -65,8 +65,9 @@ def node_ids(graph: AttributionGraph) -> list[str]:
 def graph_file(graph: AttributionGraph, slug: str, *, tokenizer: Any = None, scan: str = "neurons") -> dict[str, Any]:
     """circuit-tracer's graph file as a dict: ``metadata``, ``qParams``, ``nodes``, ``links``.
 
-    Neurons are written as circuit-tracer's features (``feature_type`` "cross layer transcoder", ``feature`` =
-    ``index + 10^ceil(log10(width)) * layer``) so that its viewer shows them; the first logit node is the target.
+    Neurons are written as circuit-tracer's features (``feature_type`` "cross layer transcoder", ``feature`` the
+    Cantor pairing of layer and index, as circuit-tracer 0.5 numbers them) so that its viewer shows them; the first
+    logit node is the target.
     Only nodes with an edge (and every token and logit) are written, as circuit-tracer does.
     """
     text = decoder(tokenizer)
@@ -77,14 +78,13 @@ def graph_file(graph: AttributionGraph, slug: str, *, tokenizer: Any = None, sca
     links = [{"source": ids[s], "target": ids[t], "weight": float(w)}
              for t, s, w in zip(target, source, adjacency.values().tolist(), strict=True)]  # fmt: skip
     linked = set(target) | set(source)
-    offset = 10 ** math.ceil(math.log10(max(graph.width, 2)))
     nodes, first_logit = [], True
     for i, (kind, node_id) in enumerate(zip(graph.nodes.kind, ids, strict=True)):
         layer, position, index = (int(graph.nodes.layer[i]), int(graph.nodes.position[i]), int(graph.nodes.index[i]))
         common = {"node_id": node_id, "ctx_idx": position, "influence": float(cumulative[i]), "run_idx": 0,
                   "reverse_ctx_idx": 0}  # fmt: skip
         if kind == "neuron" and i in linked:
-            nodes.append({**common, "feature": index + offset * layer, "layer": str(layer),
+            nodes.append({**common, "feature": _cantor(layer, index), "layer": str(layer),
                           "feature_type": "cross layer transcoder", "jsNodeId": f"{layer}_{index}-0",
                           "activation": float(graph.nodes.activation[i]), "clerp": f"L{layer} neuron {index}",
                           "token_prob": 0.0, "is_target_logit": False})  # fmt: skip
@@ -103,7 +103,7 @@ def graph_file(graph: AttributionGraph, slug: str, *, tokenizer: Any = None, sca
     metadata = {"slug": slug, "scan": scan, "transcoder_list": [],
                 "prompt_tokens": [_process(text(t)) for t in graph.tokens.tolist()],
                 "prompt": "".join(text(t) for t in graph.tokens.tolist()),
-                "node_threshold": graph.node_threshold}  # fmt: skip
+                "node_threshold": graph.node_threshold, "schema_version": 1}  # fmt: skip
     qparams = {"pinnedIds": [], "supernodes": [], "linkType": "both", "clickedId": "", "sg_pos": ""}
     return {"metadata": metadata, "qParams": qparams, "nodes": nodes, "links": links}
 
@@ -140,6 +140,11 @@ def html_page(graph: AttributionGraph, *, tokenizer: Any = None, top_tokens: Any
     data = data.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")  # safe inside <script>
     title = html.escape(f"Attribution graph: {len(graph.nodes)} nodes, {len(edges)} edges")
     return _PAGE.replace("__TITLE__", title).replace("__DATA__", data)
+
+
+def _cantor(x: int, y: int) -> int:
+    """circuit-tracer's feature number of (layer, index): the Cantor pairing."""
+    return (x + y) * (x + y + 1) // 2 + y
 
 
 def _finite(x: float) -> float:
