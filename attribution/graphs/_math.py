@@ -247,34 +247,35 @@ def _cumulative(scores: torch.Tensor) -> torch.Tensor:
 
 
 def predicted_change(
-    adjacency: torch.Tensor, activation: torch.Tensor, layer: torch.Tensor, change: torch.Tensor
+    adjacency: torch.Tensor, activation: torch.Tensor, layer: torch.Tensor, factor: torch.Tensor
 ) -> torch.Tensor:
-    """The graph's linear prediction of every node's change when some nodes' activations are changed by hand.
+    """The graph's linear prediction of every node's change when some nodes' activations are multiplied by a factor.
 
-    A node's relative change ``r = change / activation`` moves each target ``t`` by ``sum_s r_s A[t, s]`` (the
-    edge weight is ``a_s`` times the derivative); nodes changed by hand keep their change. Layer by layer.
+    Layer by layer, a node's change ``d`` moves each target ``t`` by ``sum_s (d_s / a_s) A[t, s]`` (an edge is
+    ``a_s`` times the derivative); a node multiplied by ``f`` changes by ``(f - 1) a + f d`` where ``d`` is what
+    reaches it (``-a`` for ``f = 0``: zero-ablation), as a patch of its live activation does.
 
     Args:
         adjacency: ``(n, n)`` sparse.
-        activation: ``(n,)`` node activations (non-zero where a node is changed or a target).
+        activation: ``(n,)`` node activations (non-zero where a node is a target or multiplied).
         layer: ``(n,)`` node layers (tokens ``-1``, logits the number of layers).
-        change: ``(n,)`` the changes made by hand (zero elsewhere).
+        factor: ``(n,)`` the factor on each node's activation (1 for the nodes left alone).
 
     Returns:
-        ``(n,)`` each node's change: by hand where given, else predicted.
+        ``(n,)`` each node's change.
 
     Example:
         >>> a = torch.tensor([[0.0, 0.0], [3.0, 0.0]]).to_sparse()     # node 0 (a = 2) writes 3 into node 1
-        >>> predicted_change(a, torch.tensor([2.0, 1.0]), torch.tensor([0, 1]), torch.tensor([-2.0, 0.0]))
+        >>> predicted_change(a, torch.tensor([2.0, 1.0]), torch.tensor([0, 1]), torch.tensor([0.0, 1.0]))
         tensor([-2., -3.])
     """
-    fixed = change != 0
-    total = change.to(adjacency.dtype).clone()
-    safe = torch.where(activation != 0, activation, torch.ones_like(activation)).to(adjacency.dtype)
+    dtype = adjacency.dtype
+    factor, activation = factor.to(dtype), activation.to(dtype)
+    safe = torch.where(activation != 0, activation, torch.ones_like(activation))
+    total = torch.zeros_like(activation)
     for value in torch.unique(layer).tolist():
-        here = (layer == value) & ~fixed
-        if not bool(here.any()):
-            continue
-        moved = torch.mv(adjacency, total / safe)
-        total = torch.where(here, moved, total)
+        here = layer == value
+        reached = torch.mv(adjacency, total / safe)
+        own = (factor - 1) * activation + factor * reached
+        total = torch.where(here, own, total)
     return total

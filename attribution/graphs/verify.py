@@ -52,7 +52,7 @@ def verify(
     The real run patches the down projections' inputs (:func:`attribution.patch`) and reads each logit node's value
     (its logit minus the mean logit, or minus its foil's). The graph's prediction propagates the relative changes
     ``scale - 1`` through its edges, layer by layer (a linear model with frozen attention and norms, through the
-    graph's nodes only).
+    graph's nodes only); a multiplied node also passes on, times ``scale``, what reaches it from the others.
 
     Args:
         graph: the graph (of ``model`` on ``graph.inputs``).
@@ -73,9 +73,9 @@ def verify(
     if bad:
         raise ValueError(f"`nodes` must be numbers of neuron nodes (graph.nodes.where('neuron')); got {bad[:5]}")
     acts = graph.nodes.activation.to(graph.adjacency.dtype)
-    change = torch.zeros(len(graph.nodes), dtype=graph.adjacency.dtype)
-    change[chosen] = (scale - 1) * acts[chosen]
-    moved = predicted_change(graph.adjacency, acts, graph.nodes.layer, change)
+    factor = torch.ones(len(graph.nodes), dtype=graph.adjacency.dtype)
+    factor[chosen] = scale
+    moved = predicted_change(graph.adjacency, acts, graph.nodes.layer, factor)
     logits = graph.nodes.where("logit")
     clean = graph.nodes.activation[logits]
     changed = _real_values(graph, model, chosen, scale)

@@ -111,8 +111,11 @@ class Reference:
         return h @ self.model.lm_head.weight.T
 
     # -- the forward ------------------------------------------------------------------------------------------------
-    def forward(self, x0: torch.Tensor, held: list[torch.Tensor] | None):
-        """Targets per layer, logits, each norm's input, the pre-activations; ``held``: the neurons the MLPs write."""
+    def forward(self, x0: torch.Tensor, held: list[torch.Tensor] | None, factors: list[torch.Tensor] | None = None):
+        """Targets per layer, logits, each norm's input, the pre-activations; ``held``: the neurons the MLPs write.
+
+        ``factors``: per layer ``(T, width)``, multiplies the neurons (live, not held) before they are written.
+        """
         x, targets, inputs, pre_all = x0, [], [], []
         for layer in range(len(self.patterns)):
             inputs.append(x)
@@ -122,7 +125,8 @@ class Reference:
             pre_all.append(pre)
             a = self._activation(pre, layer)
             targets.append(a)
-            x = x + self._write(a if held is None else held[layer], layer)
+            written = a if held is None else held[layer]
+            x = x + self._write(written if factors is None else written * factors[layer], layer)
         inputs.append(x)
         return targets, self._unembed(self._norm(x, len(inputs) - 1)), inputs, pre_all
 
@@ -160,3 +164,17 @@ class Reference:
         sources = source.nonzero().flatten()
         out[targets_[:, None], sources[None]] = full_matrix[row[targets_][:, None], column[sources][None]]
         return out.detach()
+
+    def total_effect(self, chosen: list[tuple[int, int, int]], logit_tokens: torch.Tensor) -> torch.Tensor:
+        """d(logit values) / d(eps) when the chosen neurons are multiplied by ``1 + eps``, all neurons live."""
+        layers = len(self.patterns)
+        t, w = self.activations[0].shape
+
+        def values(eps: torch.Tensor) -> torch.Tensor:
+            factors = [torch.ones(t, w, dtype=torch.float64) for _ in range(layers)]
+            for layer, position, index in chosen:
+                factors[layer] = factors[layer].index_put((torch.tensor(position), torch.tensor(index)), 1 + eps)
+            _, logits, _, _ = self.forward(self.x0.detach(), None, factors)
+            return logits[-1][logit_tokens] - logits[-1].mean()
+
+        return torch.autograd.functional.jacobian(values, torch.zeros((), dtype=torch.float64)).detach()
