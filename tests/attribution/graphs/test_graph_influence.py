@@ -106,22 +106,24 @@ def test_pruning_matches_circuit_tracer_itself(llama_graph):
     n_features = len(llama_graph.nodes.where("neuron"))
 
     class Duck:  # what prune_graph reads of a circuit-tracer Graph
-        adjacency_matrix = llama_graph.adjacency.to_dense().double()
-        input_tokens = llama_graph.tokens
-        logit_targets = list(range(len(llama_graph.logit_weights)))
-        selected_features = torch.arange(n_features)
-        logit_probabilities = llama_graph.logit_weights.double()
+        def __init__(self) -> None:
+            self.adjacency_matrix = llama_graph.adjacency.to_dense().double()
+            self.input_tokens = llama_graph.tokens
+            self.logit_targets = list(range(len(llama_graph.logit_weights)))
+            self.selected_features = torch.arange(n_features)
+            self.logit_probabilities = llama_graph.logit_weights.double()
 
     default = torch.get_default_dtype()
     torch.set_default_dtype(torch.float64)  # its logit weights are made in the default dtype
     try:
-        node_mask, edge_mask, cumulative = graph_module.prune_graph(Duck(), 0.8, 0.98)
+        duck = Duck()
+        node_mask, edge_mask, cumulative = graph_module.prune_graph(duck, 0.8, 0.98)
     finally:
         torch.set_default_dtype(default)
     pruned = llama_graph.prune(0.8, 0.98)
     kept = node_mask.nonzero().flatten()
     assert torch.equal(pruned.nodes.index, llama_graph.nodes.index[kept])
-    dense = Duck.adjacency_matrix
+    dense = duck.adjacency_matrix
     assert torch.equal(pruned.adjacency.to_dense().double(), (dense * edge_mask)[kept][:, kept])
     torch.testing.assert_close(_cumulative(llama_graph.influence), cumulative)  # the graph file's "influence"
 

@@ -63,8 +63,9 @@ def test_neurons_are_visited_most_influential_first(llama, llama_graph):
     first = _dense_partial_influence(full[logits][:, sources], [-1] * len(logits), weights, len(sources))
     chosen_1 = first[: len(neurons)].topk(batch).indices
     rows = torch.cat([logits, chosen_1])
-    second = _dense_partial_influence(full[rows][:, sources], [-1] * len(logits) + chosen_1.tolist(),
-                                      torch.cat([weights, torch.zeros(batch, dtype=torch.float64)]), len(sources))  # fmt: skip
+    starts = torch.cat([weights, torch.zeros(batch, dtype=torch.float64)])
+    second = _dense_partial_influence(full[rows][:, sources], [-1] * len(logits) + chosen_1.tolist(), starts,
+                                      len(sources))  # fmt: skip
     second[chosen_1] = -1
     chosen_2 = second[: len(neurons)].topk(batch).indices
     expected = {tuple(llama_graph.nodes[int(i)].__dict__[k] for k in ("layer", "position", "index"))
@@ -148,8 +149,9 @@ def test_a_mixture_of_experts_and_a_parallel_residual_are_refused():
         num_key_value_heads=1, num_local_experts=2)).eval()  # fmt: skip
     with pytest.raises(ValueError, match=r"no dense MLP in 'model.layers.0.mlp' \(looked for gate_proj/up_proj"):
         attribution_graph(moe, torch.tensor([1, 2]), progress=False)
-    neox = transformers.GPTNeoXForCausalLM(transformers.GPTNeoXConfig(
-        vocab_size=20, hidden_size=8, intermediate_size=8, num_hidden_layers=1, num_attention_heads=2)).eval()  # fmt: skip
+    config = transformers.GPTNeoXConfig(vocab_size=20, hidden_size=8, intermediate_size=8, num_hidden_layers=1,
+                                        num_attention_heads=2)  # fmt: skip
+    neox = transformers.GPTNeoXForCausalLM(config).eval()
     with pytest.raises(ValueError, match="has a parallel residual"):
         attribution_graph(neox, torch.tensor([1, 2]), progress=False)
 
