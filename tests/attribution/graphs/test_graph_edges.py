@@ -38,6 +38,7 @@ def test_llama_every_edge_is_the_frozen_models_direct_effect(llama, llama_graph,
     _check(graph, llama, "llama", IDS, rules)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("rules", [None, "relp"])
 def test_gpt2_every_edge_is_the_frozen_models_direct_effect_to_1e10(rules):
     model = lm64("gpt2")

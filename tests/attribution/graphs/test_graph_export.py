@@ -8,7 +8,6 @@ import shutil
 import subprocess
 
 import pytest
-import torch
 
 from attribution.graphs.export import node_ids
 

@@ -84,9 +84,11 @@ def _synthetic(seed: int, n_features: int = 30, n_tokens: int = 5, n_logits: int
 
 
 @pytest.mark.parametrize(("node_threshold", "edge_threshold"), [(0.8, 0.98), (0.5, 0.9), (0.95, 0.7), (1.0, 1.0)])
-@pytest.mark.parametrize("seed", [0, 1])
+@pytest.mark.parametrize("seed", [0, 1, None])
 def test_pruning_is_circuit_tracers(node_threshold, edge_threshold, seed, llama_graph):
-    for graph in (_synthetic(seed), llama_graph):
+    if seed is None and node_threshold != 0.8:
+        pytest.skip("the LM graph at the defaults only (a dense prune of 304 nodes per case)")
+    for graph in (_synthetic(seed) if seed is not None else llama_graph,):
         dense = graph.adjacency.to_dense().double()
         n_features = len(graph.nodes.where("neuron"))
         node_mask, edge_mask = _dense_prune(dense, graph.weights, n_features, len(graph.nodes) - n_features,
