@@ -41,7 +41,7 @@ Object.values(cells).forEach(ids => ids.forEach((i, j) => {
   const n = G.nodes[i];
   xy[i] = [x0 + colW * (n.pos + (j + 1) / (ids.length + 1)), H - 40 - rowH * (rowOf(n) + 0.5)];
 }));
-const top = Math.max(1e-12, ...G.edges.map(e => Math.abs(e[2])));
+const biggest = Math.max(1e-12, ...G.edges.map(e => Math.abs(e[2])));
 const edgeEls = [];
 const edgeLayer = document.createElementNS(NS, "g"); svg.appendChild(edgeLayer);
 G.edges.forEach((e, k) => {
@@ -50,8 +50,8 @@ G.edges.forEach((e, k) => {
   line.setAttribute("x2", xy[t][0]); line.setAttribute("y2", xy[t][1]);
   line.setAttribute("class", "edge");
   line.setAttribute("stroke", w >= 0 ? "#c0392b" : "#1f77b4");
-  line.setAttribute("stroke-width", (0.3 + 3 * Math.abs(w) / top).toFixed(2));
-  line.setAttribute("stroke-opacity", (0.15 + 0.85 * Math.abs(w) / top).toFixed(2));
+  line.setAttribute("stroke-width", (0.3 + 3 * Math.abs(w) / biggest).toFixed(2));
+  line.setAttribute("stroke-opacity", (0.15 + 0.85 * Math.abs(w) / biggest).toFixed(2));
   line.dataset.source = s; line.dataset.target = t;
   edgeLayer.appendChild(line); edgeEls.push(line);
 });

@@ -82,14 +82,15 @@ def test_clicking_a_node_shows_its_top_inputs_in_a_browser(pruned, tmp_path):
     command = [_browser(), "--headless", "--no-sandbox", "--disable-gpu", "--dump-dom", f"file://{path}#node={logit}"]
     dom = subprocess.run(command, capture_output=True, text=True, timeout=60, check=True).stdout
     assert dom.count('class="node ') == len(pruned.nodes)
-    assert f"data-node=\"{logit}\"" in re.search(r'<b id="selected"[^>]*>', dom)[0]
+    assert f'data-node="{logit}"' in re.search(r'<b id="selected"[^>]*>', dom)[0]
     inputs = re.search(r'<table id="inputs">(.*?)</table>', dom, re.S)[1]
     shown = [int(n) for n in re.findall(r'data-node="(\d+)"', inputs)]
     row = pruned.adjacency.to_dense()[logit]
     expected = row.abs().argsort(descending=True)[: min(10, int((row != 0).sum()))].tolist()
     assert shown == expected
     assert "alpha | beta" in dom
-    assert dom.count('class="edge lit"') == int((row != 0).sum()) + int((pruned.adjacency.to_dense()[:, logit] != 0).sum())
+    outgoing = int((pruned.adjacency.to_dense()[:, logit] != 0).sum())
+    assert dom.count('class="edge lit"') == int((row != 0).sum()) + outgoing
 
 
 def test_the_picture_draws_every_edge_and_node(pruned):
