@@ -65,3 +65,13 @@ def test_verify_refuses_what_it_cannot_do(llama, llama_graph):
         llama_graph.verify(llama, [len(llama_graph.nodes) - 1])
     with pytest.raises(ValueError, match="leave `scale` at 0"):
         llama_graph.verify(llama, [0], scale=2.0)
+
+
+def test_a_multiplied_node_passes_on_what_reaches_it_times_its_factor():
+    from attribution.graphs._math import predicted_change
+
+    # node 0 (a = 2) -> node 1 (a = 4): 3; node 1 -> logit 2: 5. Both neurons multiplied by 3.
+    a = torch.tensor([[0.0, 0.0, 0.0], [3.0, 0.0, 0.0], [0.0, 5.0, 0.0]], dtype=torch.float64).to_sparse()
+    got = predicted_change(a, torch.tensor([2.0, 4.0, 1.0]), torch.tensor([0, 1, 2]), torch.tensor([3.0, 3.0, 1.0]))
+    # node 0: (3 - 1) 2 = 4; reaches node 1: 4 / 2 * 3 = 6; node 1: (3 - 1) 4 + 3 * 6 = 26; logit: 26 / 4 * 5
+    assert got.tolist() == [4.0, 26.0, 32.5]
