@@ -126,6 +126,7 @@ def logit_vectors(model: nn.Module, frozen: Frozen, ids: torch.Tensor, foils: to
     assert frozen.layout.unembed is not None
     weight, _ = linear(model.get_submodule(frozen.layout.unembed), device=frozen.final.device)
     weight = weight.to(frozen.final.dtype)
+    ids, foils = ids.to(weight.device), foils.to(weight.device)
     slope = torch.ones(weight.shape[0], dtype=weight.dtype, device=weight.device)
     cap = logit_softcap(model)
     if cap is not None:

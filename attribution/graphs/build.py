@@ -18,7 +18,7 @@ from torch import nn
 from .._inputs import token_ids
 from .._progress import progress as progress_bar
 from .._run import HookedRun
-from ..models import LMLayout, attention_visible, linear, lm_layout
+from ..models import LMLayout, attention_visible, execution_device, linear, lm_layout
 from ._frozen import Frozen, Rows, logit_rows, logit_vectors, neuron_rows, register
 from ._math import partial_influence, salient_logits, sparse
 from .graph import AttributionGraph, Nodes
@@ -81,12 +81,12 @@ def attribution_graph(
     width = _width(model, layout)
     n_rows = _count(layout, ids.shape[1], width, max_nodes)
     check_memory(ids.shape[1], len(layout.layers), width, layout.hidden, n_rows, batch_size, edges_per_row,
-                 _dtype(model), max_nodes)  # fmt: skip
+                 _dtype(model), max_nodes, execution_device(model.get_submodule(layout.embed)))  # fmt: skip
     with attention_visible(model), HookedRun(model, "attribution-graph", with_grad=True) as run:
         frozen = register(run, model, layout, rules)
         output = run.forward(model_inputs)
         frozen.logits = getattr(output, "logits", output)[0, -1].detach()
-        tokens, foils, weights = logit_targets(target, frozen.logits)
+        tokens, foils, weights = logit_targets(target, frozen.logits.cpu())  # node data lives on the CPU
         store = _Store()
         vectors = logit_vectors(model, frozen, tokens, foils)
         for start in range(0, len(vectors), batch_size):
@@ -229,7 +229,7 @@ def _visit(
     frozen: Frozen, store: _Store, max_nodes: int | None, batch_size: int, keep: int, progress: bool
 ) -> torch.Tensor:
     """Compute neuron rows, the most influential unvisited active neuron first; the visited neurons' columns."""
-    leaves = torch.cat([frozen.leaves[layer].detach().flatten() for layer in range(len(frozen.leaves))])
+    leaves = torch.cat([frozen.leaves[layer].detach().flatten().cpu() for layer in range(len(frozen.leaves))])
     active = leaves != 0
     n_active = int(active.sum())
     count = n_active if max_nodes is None else min(max_nodes, n_active)
@@ -267,7 +267,7 @@ def _assemble(
     source = _node_of(columns, visited, t)
     ok = (source >= 0) & (values != 0)
     adjacency = sparse(torch.stack([target[ok], source[ok]]), values[ok], (n, n))
-    leaves = torch.cat([frozen.leaves[layer].detach().flatten() for layer in range(len(frozen.leaves))])
+    leaves = torch.cat([frozen.leaves[layer].detach().flatten().cpu() for layer in range(len(frozen.leaves))])
     per_layer = t * frozen.width
     logit_values = _logit_values(frozen.logits, tokens, foils)
     assert frozen.tokens is not None
