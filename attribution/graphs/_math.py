@@ -64,16 +64,22 @@ def partial_influence(
     rows: torch.Tensor,
     weights: torch.Tensor,
     row_node: torch.Tensor,
+    row_layer: torch.Tensor,
     start: torch.Tensor,
     n_columns: int,
 ) -> torch.Tensor:
     """circuit-tracer's ``compute_partial_influences`` on the kept entries of the rows computed so far.
+
+    The power series over all paths, summed in one pass over the entries: rows go from the top layer down, and a
+    row's weight (its logit weight, or the influence its node has from the rows above it) is final when its layer
+    comes, since a row only reads sources of lower layers.
 
     Args:
         sources: ``(entries,)`` column of each kept entry.
         rows: ``(entries,)`` row of each kept entry.
         weights: ``(entries,)`` ``|entry| / sum |row|`` (the row normalised by all its entries, kept or not).
         row_node: ``(rows,)`` the column each row's node has as a source (``-1``: a logit, which is none).
+        row_layer: ``(rows,)`` each row's layer (logits above every neuron).
         start: ``(rows,)`` the logit weights on logit rows, zero elsewhere.
         n_columns: the number of source columns.
 
@@ -83,19 +89,22 @@ def partial_influence(
     Example:
         >>> # logit row 0 (weight 1) reads column 0 (a neuron, also row 1) half and column 1 half; row 1 reads column 1
         >>> partial_influence(torch.tensor([0, 1, 1]), torch.tensor([0, 0, 1]), torch.tensor([0.5, 0.5, 1.0]),
-        ...                   torch.tensor([-1, 0]), torch.tensor([1.0, 0.0]), 2)
+        ...                   torch.tensor([-1, 0]), torch.tensor([2, 1]), torch.tensor([1.0, 0.0]), 2)
         tensor([0.5000, 1.0000])
     """
     influence = torch.zeros(n_columns, dtype=weights.dtype, device=weights.device)
-    per_row = start.to(weights.dtype)
+    entry_layer = row_layer[rows]
+    order = torch.argsort(entry_layer, descending=True, stable=True)
+    sources, rows, weights = sources[order], rows[order], weights[order]
+    _, counts = torch.unique_consecutive(entry_layer[order], return_counts=True)
     is_node = row_node >= 0
-    for _ in range(MAX_ITER):
-        step = torch.zeros_like(influence).index_add_(0, sources, weights * per_row[rows])
-        if not bool(step.any()):
-            return influence
-        influence += step
-        per_row = torch.where(is_node, step[row_node.clamp_min(0)], torch.zeros_like(per_row))
-    raise RuntimeError(f"the influence did not converge in {MAX_ITER} steps: the rows are not a layered graph")
+    begin = 0
+    for count in counts.tolist():
+        per_row = start.to(weights.dtype) + torch.where(is_node, influence[row_node.clamp_min(0)], 0.0)
+        span = slice(begin, begin + count)
+        influence.index_add_(0, sources[span], weights[span] * per_row[rows[span]])
+        begin += count
+    return influence
 
 
 def normalised(adjacency: torch.Tensor) -> torch.Tensor:

@@ -92,7 +92,7 @@ def attribution_graph(
         for start in range(0, len(vectors), batch_size):
             chunk = vectors[start : start + batch_size]
             store.add(logit_rows(frozen, chunk, edges_per_row), -torch.ones(len(chunk), dtype=torch.long),
-                      weights[start : start + batch_size])  # fmt: skip
+                      weights[start : start + batch_size], torch.full((len(chunk),), len(frozen.leaves)))  # fmt: skip
         visited = _visit(frozen, store, max_nodes, batch_size, edges_per_row, progress)
     return _assemble(frozen, store, visited, ids[0], tokens, foils, weights, rules, model_inputs)
 
@@ -201,12 +201,14 @@ class _Store:
     rows: list[Rows] = field(default_factory=list)
     nodes: list[torch.Tensor] = field(default_factory=list)  # per batch: source column of each row's node, -1: logit
     starts: list[torch.Tensor] = field(default_factory=list)
+    layers: list[torch.Tensor] = field(default_factory=list)  # per batch: each row's layer
 
-    def add(self, rows: Rows, nodes: torch.Tensor, starts: torch.Tensor) -> None:
+    def add(self, rows: Rows, nodes: torch.Tensor, starts: torch.Tensor, layers: torch.Tensor) -> None:
         """Keep a batch of rows."""
         self.rows.append(Rows(rows.columns.cpu(), rows.values.detach().cpu(), rows.abs_sums.detach().cpu()))
         self.nodes.append(nodes)
         self.starts.append(starts.to(torch.float64))
+        self.layers.append(layers)
 
     def entries(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
         """``(row, column, value, row's abs sum)`` of every kept entry, rows numbered in the order they came."""
@@ -222,7 +224,8 @@ class _Store:
         """Each source column's influence on the logits through the rows so far (circuit-tracer's partial one)."""
         rows, columns, values, sums = self.entries()
         weights = values.abs().double() / sums.double().clamp_min(1e-8)[rows]
-        return partial_influence(columns, rows, weights, torch.cat(self.nodes), torch.cat(self.starts), n_columns)
+        nodes, layers, starts = torch.cat(self.nodes), torch.cat(self.layers), torch.cat(self.starts)
+        return partial_influence(columns, rows, weights, nodes, layers, starts, n_columns)
 
 
 def _visit(
@@ -247,7 +250,7 @@ def _visit(
             pending = torch.topk(score.masked_fill(~active | visited, -1.0), size).indices
         layer, rest = pending // (frozen.positions * frozen.width), pending % (frozen.positions * frozen.width)
         triples = torch.stack([layer, rest // frozen.width, rest % frozen.width], 1)
-        store.add(neuron_rows(frozen, triples, keep), pending + frozen.positions, torch.zeros(size))
+        store.add(neuron_rows(frozen, triples, keep), pending + frozen.positions, torch.zeros(size), layer)
         visited[pending] = True
         done += size
     return visited.nonzero().flatten()
