@@ -39,7 +39,7 @@ class Nodes:
 
     ``activation``: a neuron's activation, a token's embedding norm, a logit node's value (its logit minus the mean
     logit, or minus its foil's). ``influence``: each node's influence on the logits in the graph as attributed
-    (kept through :meth:`AttributionGraph.prune`).
+    (kept through :meth:`attribution.AttributionGraph.prune`).
     """
 
     kind: tuple[str, ...]
@@ -165,7 +165,7 @@ class AttributionGraph:
         """Write circuit-tracer's graph file (its ``frontend/graph_models.py`` schema) and ``graph-metadata.json``.
 
         Usually called on a pruned graph. The slug is the file's stem; the nodes' ``influence`` is circuit-tracer's
-        cumulative share. See :func:`attribution.graphs.export.graph_file`.
+        cumulative share (``attribution.graphs.export.graph_file`` builds the content).
 
         Returns:
             The file's content.
@@ -200,7 +200,9 @@ class AttributionGraph:
     ) -> Verification:
         """The real model's change of each logit node's value when ``nodes`` are ablated or scaled, beside the graph's.
 
-        See :func:`attribution.graphs.verify.verify`.
+        ``nodes``: neuron node numbers; ``kind="ablate"`` sets them to zero, ``kind="steer"`` multiplies them by
+        ``scale``. The real run patches the down projections' inputs; the prediction propagates the relative
+        changes through the graph's edges (frozen attention and norms), layer by layer.
         """
         from .verify import verify
 

@@ -21,7 +21,7 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True)
 class Verification:
-    """What :meth:`AttributionGraph.verify` found, per logit node.
+    """What :meth:`attribution.AttributionGraph.verify` found, per logit node.
 
     Attributes:
         nodes: the node numbers changed.
