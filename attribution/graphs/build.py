@@ -1,0 +1,339 @@
+"""``attribution_graph``: one prompt's graph of tokens, MLP neurons and logits in the frozen model.
+
+Cost: one forward kept with its graph, then one batched backward per ``batch_size`` rows (logit rows first, then
+neuron rows in order of their influence on the logits so far, circuit-tracer's strategy), each row cut to its
+``edges_per_row`` largest entries as it comes. Nothing of size (sources x sources) is ever held.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import torch
+from torch import nn
+
+from .._inputs import token_ids
+from .._progress import progress as progress_bar
+from .._run import HookedRun
+from ..models import LMLayout, attention_visible, execution_device, linear, lm_layout
+from ._frozen import Frozen, Rows, logit_rows, logit_vectors, neuron_rows, register
+from ._math import partial_influence, salient_logits, sparse
+from .graph import AttributionGraph, Nodes
+
+Target = int | Sequence[int] | tuple[int, int] | Sequence[tuple[int, int]] | None
+Rules = Literal["relp"] | None
+
+
+def attribution_graph(
+    model: nn.Module,
+    inputs: Any,
+    *,
+    target: Target = None,
+    basis: Literal["neurons"] = "neurons",
+    rules: Rules = None,
+    max_nodes: int | None = None,
+    batch_size: int = 32,
+    edges_per_row: int = 4096,
+    progress: bool = True,
+) -> AttributionGraph:
+    """The attribution graph of one prompt: tokens, MLP neurons and logits, with their direct effects.
+
+    An edge ``s -> t`` is ``a_s * d a_t / d a_s`` in the frozen model of the prompt: attention probabilities and
+    norm scales held at their clean values, every other node's activation held, the target's own nonlinearity
+    differentiated at the clean point (``rules=None``) or through RelP's rules (``rules="relp"``: the identity rule
+    ``act(x) / x`` and the half rule on a gated product). Neuron ``(layer, position, i)`` is the ``i``-th input of
+    the MLP's down projection. See :doc:`/methods/graphs` (Ameisen et al. 2025, https://transformer-circuits.pub/
+    2025/attribution-graphs/methods.html).
+
+    Args:
+        model: a HuggingFace decoder LM (or one :func:`attribution.models.lm_layout` reads) with a dense MLP.
+        inputs: token ids ``(1, T)`` or ``(T,)``, or the model's keyword inputs with ``input_ids`` (one prompt).
+        target: the logit nodes: ``None`` takes the most likely tokens until their probability sums to 0.95, at
+            most 10; an int or a list of token ids; a ``(token, foil)`` tuple or a list of them (logit differences).
+        basis: ``"neurons"`` (the only basis for now).
+        rules: ``None`` (the gradient) or ``"relp"``.
+        max_nodes: the neuron nodes kept, the most influential first (``None``: every active neuron).
+        batch_size: rows per backward pass.
+        edges_per_row: the largest entries kept of each row (the rest are dropped as the row is computed).
+        progress: show a progress bar for long calls.
+
+    Returns:
+        The graph (nodes ordered: neurons, tokens, logits).
+
+    Raises:
+        ValueError: bad arguments, a model without a readable MLP, or a graph that would not fit in free memory.
+
+    Example:
+        >>> import transformers
+        >>> config = transformers.LlamaConfig(vocab_size=20, hidden_size=8, intermediate_size=12,
+        ...     num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1)
+        >>> _ = torch.manual_seed(0)
+        >>> model = transformers.LlamaForCausalLM(config).eval()
+        >>> graph = attribution_graph(model, torch.tensor([1, 2, 3]), target=4, progress=False)
+        >>> len(graph.nodes), graph.nodes.kind[-1], graph.adjacency.shape   # 2 x 3 x 12 neurons, 3 tokens, 1 logit
+        (76, 'logit', torch.Size([76, 76]))
+    """
+    layout = _checked(model, basis, rules, batch_size, edges_per_row, max_nodes)
+    ids, model_inputs = _prompt(model, inputs)
+    width = _width(model, layout)
+    n_rows = _count(layout, ids.shape[1], width, max_nodes)
+    check_memory(ids.shape[1], len(layout.layers), width, layout.hidden, n_rows, batch_size, edges_per_row,
+                 _dtype(model), max_nodes, execution_device(model.get_submodule(layout.embed)))  # fmt: skip
+    with attention_visible(model), HookedRun(model, "attribution-graph", with_grad=True) as run:
+        frozen = register(run, model, layout, rules)
+        output = run.forward(model_inputs)
+        frozen.logits = getattr(output, "logits", output)[0, -1].detach()
+        tokens, foils, weights = logit_targets(target, frozen.logits.cpu())  # node data lives on the CPU
+        store = _Store()
+        vectors = logit_vectors(model, frozen, tokens, foils)
+        for start in range(0, len(vectors), batch_size):
+            chunk = vectors[start : start + batch_size]
+            store.add(logit_rows(frozen, chunk, edges_per_row), -torch.ones(len(chunk), dtype=torch.long),
+                      weights[start : start + batch_size], torch.full((len(chunk),), len(frozen.leaves)))  # fmt: skip
+        visited = _visit(frozen, store, max_nodes, batch_size, edges_per_row, progress)
+    return _assemble(frozen, store, visited, ids[0], tokens, foils, weights, rules, model_inputs)
+
+
+def _checked(
+    model: nn.Module, basis: Any, rules: Any, batch_size: int, edges_per_row: int, max_nodes: int | None
+) -> LMLayout:
+    """The model's layout, after the arguments are checked."""
+    if basis != "neurons":
+        raise ValueError(
+            f"`basis` must be 'neurons' (MLP neurons: the down projection's inputs); got {basis!r}. A sparse "
+            "dictionary basis ({site: dictionary}) is not available yet"
+        )
+    if rules not in (None, "relp"):
+        raise ValueError(f"`rules` must be None (the gradient) or 'relp' (RelP's rules); got {rules!r}")
+    for name, value in (("batch_size", batch_size), ("edges_per_row", edges_per_row)):
+        if not isinstance(value, int) or value < 1:
+            raise ValueError(f"`{name}` must be a positive int; got {value!r}")
+    if max_nodes is not None and (not isinstance(max_nodes, int) or max_nodes < 0):
+        raise ValueError(f"`max_nodes` must be None or an int >= 0; got {max_nodes!r}")
+    layout = lm_layout(model)
+    for layer in layout.layers:
+        if layer.mlp_parts is None or layer.parallel:
+            what = "a parallel residual (attention and MLP read the same stream)" if layer.parallel else (
+                f"no dense MLP in {layer.mlp!r} (looked for gate_proj/up_proj/down_proj or c_fc/c_proj, fc1/fc2; "
+                "a mixture of experts has none)")  # fmt: skip
+            raise ValueError(
+                f"attribution graphs need a decoder whose MLP neurons feed the residual stream in sequence; "
+                f"{type(model).__name__} has {what}"
+            )
+    if layout.unembed is None:
+        raise ValueError(f"{type(model).__name__} has no unembedding (get_output_embeddings()): use a *ForCausalLM")
+    return layout
+
+
+def _prompt(model: nn.Module, inputs: Any) -> tuple[torch.Tensor, Any]:
+    """The token ids ``(1, T)`` and what the model is called with."""
+    if isinstance(inputs, Mapping):
+        if "input_ids" not in inputs:
+            raise ValueError(f"`inputs` must hold 'input_ids'; got keys {sorted(inputs)}")
+        ids = token_ids(model, inputs["input_ids"], "inputs['input_ids']")
+        model_inputs: Any = dict(inputs)
+    else:
+        ids = token_ids(model, inputs, "inputs")
+        model_inputs = ids
+    if ids.shape[0] != 1:
+        raise ValueError(f"`inputs` must be one prompt (1, T); got {ids.shape[0]} prompts: make one graph per prompt")
+    return ids, model_inputs
+
+
+def _width(model: nn.Module, layout: LMLayout) -> int:
+    """Neurons per layer: the down projection's input features."""
+    down = model.get_submodule(layout.layers[0].mlp_parts.neurons)  # type: ignore[union-attr]
+    w, _ = linear(down)  # (out, in), also for GPT-2's Conv1D
+    return int(w.shape[1])
+
+
+def _dtype(model: nn.Module) -> torch.dtype:
+    """The dtype the model computes in (of its first floating parameter)."""
+    return next((p.dtype for p in model.parameters() if p.is_floating_point()), torch.float32)
+
+
+def _count(layout: LMLayout, positions: int, width: int, max_nodes: int | None) -> int:
+    """The neuron rows to compute, at most."""
+    total = len(layout.layers) * positions * width
+    return total if max_nodes is None else min(max_nodes, total)
+
+
+def logit_targets(target: Target, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The logit nodes' tokens, foils (``-1``: none) and weights for the influence.
+
+    ``None``: circuit-tracer's salient logits and their probabilities; token ids: their probabilities; pairs:
+    equal weights ``1 / pairs``.
+
+    Example:
+        >>> logit_targets([(3, 1)], torch.zeros(5))
+        (tensor([3]), tensor([1]), tensor([1.], dtype=torch.float64))
+    """
+    vocab = logits.shape[-1]
+    if target is None:
+        ids, probs = salient_logits(logits)
+        return ids, torch.full_like(ids, -1), probs
+    many = isinstance(target, Sequence) and not isinstance(target, tuple)
+    pairs: list[Any] = list(target) if many else [target]  # type: ignore[arg-type]
+    if pairs and all(isinstance(t, tuple) and len(t) == 2 for t in pairs):
+        tokens, foils = torch.tensor([int(t[0]) for t in pairs]), torch.tensor([int(t[1]) for t in pairs])
+    elif pairs and all(isinstance(t, int) and not isinstance(t, bool) for t in pairs):
+        tokens, foils = torch.tensor(pairs), torch.full((len(pairs),), -1)
+    else:
+        raise TypeError(
+            f"`target` must be None, a token id, a list of token ids, a (token, foil) tuple or a list of them; got "
+            f"{target!r}"
+        )
+    bad = [int(t) for t in torch.cat([tokens, foils[foils >= 0]]) if not 0 <= int(t) < vocab]
+    if bad:
+        raise ValueError(f"`target` holds token ids outside the vocabulary [0, {vocab}): {bad}")
+    if bool((foils >= 0).any()):
+        return tokens, foils, torch.full((len(tokens),), 1 / len(tokens), dtype=torch.float64)
+    return tokens, foils, torch.softmax(logits.double(), -1)[tokens]
+
+
+@dataclass
+class _Store:
+    """The rows computed so far: kept entries, the node each row belongs to, the logit weights."""
+
+    rows: list[Rows] = field(default_factory=list)
+    nodes: list[torch.Tensor] = field(default_factory=list)  # per batch: source column of each row's node, -1: logit
+    starts: list[torch.Tensor] = field(default_factory=list)
+    layers: list[torch.Tensor] = field(default_factory=list)  # per batch: each row's layer
+
+    def add(self, rows: Rows, nodes: torch.Tensor, starts: torch.Tensor, layers: torch.Tensor) -> None:
+        """Keep a batch of rows."""
+        self.rows.append(Rows(rows.columns.cpu(), rows.values.detach().cpu(), rows.abs_sums.detach().cpu()))
+        self.nodes.append(nodes)
+        self.starts.append(starts.to(torch.float64))
+        self.layers.append(layers)
+
+    def entries(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """``(row, column, value, row's abs sum)`` of every kept entry, rows numbered in the order they came."""
+        rows, offset = [], 0
+        for block in self.rows:
+            rows.append(torch.arange(offset, offset + len(block.columns)).repeat_interleave(block.columns.shape[1]))
+            offset += len(block.columns)
+        columns = torch.cat([r.columns.flatten() for r in self.rows])
+        values = torch.cat([r.values.flatten() for r in self.rows])
+        return torch.cat(rows), columns, values, torch.cat([r.abs_sums for r in self.rows])
+
+    def influence(self, n_columns: int) -> torch.Tensor:
+        """Each source column's influence on the logits through the rows so far (circuit-tracer's partial one)."""
+        rows, columns, values, sums = self.entries()
+        weights = values.abs().double() / sums.double().clamp_min(1e-8)[rows]
+        nodes, layers, starts = torch.cat(self.nodes), torch.cat(self.layers), torch.cat(self.starts)
+        return partial_influence(columns, rows, weights, nodes, layers, starts, n_columns)
+
+
+def _visit(
+    frozen: Frozen, store: _Store, max_nodes: int | None, batch_size: int, keep: int, progress: bool
+) -> torch.Tensor:
+    """Compute neuron rows, the most influential unvisited active neuron first; the visited neurons' columns."""
+    leaves = torch.cat([frozen.leaves[layer].detach().flatten().cpu() for layer in range(len(frozen.leaves))])
+    active = leaves != 0
+    n_active = int(active.sum())
+    count = n_active if max_nodes is None else min(max_nodes, n_active)
+    in_order = count == n_active
+    pending_all = active.nonzero().flatten()
+    visited = torch.zeros_like(active)
+    done = 0
+    steps = math.ceil(count / batch_size)
+    for _ in progress_bar(range(steps), desc="attribution graph rows", enabled=progress):
+        size = min(batch_size, count - done)
+        if in_order:
+            pending = pending_all[done : done + size]
+        else:
+            score = store.influence(frozen.n_columns)[frozen.positions :]
+            pending = torch.topk(score.masked_fill(~active | visited, -1.0), size).indices
+        layer, rest = pending // (frozen.positions * frozen.width), pending % (frozen.positions * frozen.width)
+        triples = torch.stack([layer, rest // frozen.width, rest % frozen.width], 1)
+        store.add(neuron_rows(frozen, triples, keep), pending + frozen.positions, torch.zeros(size), layer)
+        visited[pending] = True
+        done += size
+    return visited.nonzero().flatten()
+
+
+def _assemble(
+    frozen: Frozen, store: _Store, visited: torch.Tensor, ids: torch.Tensor, tokens: torch.Tensor,
+    foils: torch.Tensor, weights: torch.Tensor, rules: Rules, inputs: Any,
+) -> AttributionGraph:  # fmt: skip
+    """The graph: nodes [visited neurons, tokens, logits], the kept entries between them as a sparse matrix."""
+    t, n_neurons = frozen.positions, len(visited)
+    n = n_neurons + t + len(tokens)
+    row_nodes = torch.cat(store.nodes)  # source column of each row's node, -1 for logits in their order
+    logit_number = torch.cumsum(row_nodes < 0, 0) - 1
+    rows, columns, values, _ = store.entries()
+    target = torch.where(row_nodes < 0, n_neurons + t + logit_number, _node_of(row_nodes, visited, t))[rows]
+    source = _node_of(columns, visited, t)
+    ok = (source >= 0) & (values != 0)
+    adjacency = sparse(torch.stack([target[ok], source[ok]]), values[ok], (n, n))
+    leaves = torch.cat([frozen.leaves[layer].detach().flatten().cpu() for layer in range(len(frozen.leaves))])
+    per_layer = t * frozen.width
+    logit_values = _logit_values(frozen.logits, tokens, foils)
+    assert frozen.tokens is not None
+    embeddings = frozen.tokens.detach()[0].double().norm(dim=-1).cpu()
+    nodes = Nodes(
+        kind=("neuron",) * n_neurons + ("token",) * t + ("logit",) * len(tokens),
+        layer=torch.cat([visited // per_layer, torch.full((t,), -1), torch.full((len(tokens),), len(frozen.leaves))]),
+        position=torch.cat([visited % per_layer // frozen.width, torch.arange(t), torch.full((len(tokens),), t - 1)]),
+        index=torch.cat([visited % frozen.width, ids.cpu(), tokens]),
+        activation=torch.cat([leaves[visited].double().cpu(), embeddings, logit_values]),
+        influence=torch.zeros(n, dtype=torch.float64),
+    )
+    graph = AttributionGraph(nodes, adjacency, ids.cpu(), weights, foils, len(frozen.leaves), frozen.width, rules,
+                             inputs, frozen.runs)  # fmt: skip
+    return graph.with_influence()
+
+
+def _node_of(columns: torch.Tensor, visited: torch.Tensor, positions: int) -> torch.Tensor:
+    """The node number of each source column (tokens after the visited neurons), ``-1`` where it is no node."""
+    neuron = (columns - positions).clamp_min(0)
+    where = torch.searchsorted(visited, neuron).clamp_max(max(len(visited) - 1, 0))
+    found = (
+        (len(visited) > 0) & (visited[where] == neuron) if len(visited) else torch.zeros_like(columns, dtype=torch.bool)
+    )
+    return torch.where(columns < positions, len(visited) + columns, torch.where(found, where, -1))
+
+
+def _logit_values(logits: torch.Tensor, tokens: torch.Tensor, foils: torch.Tensor) -> torch.Tensor:
+    """Each logit node's value: its logit minus the mean logit, or minus its foil's logit."""
+    z = logits.double().cpu()
+    return torch.where(foils >= 0, z[tokens] - z[foils.clamp_min(0)], z[tokens] - z.mean())
+
+
+def check_memory(
+    positions: int, layers: int, width: int, hidden: int, rows: int, batch_size: int, keep: int,
+    dtype: torch.dtype, max_nodes: int | None, device: torch.device | None = None,
+) -> None:  # fmt: skip
+    """Refuse, before any work, a graph whose memory estimate exceeds the free memory (when it can be read)."""
+    size = torch.finfo(dtype).bits // 8
+    columns = positions * (1 + layers * width)
+    batch = batch_size * (3 * columns + 2 * layers * positions * width + 8 * positions * hidden) * size
+    kept = (rows + 10) * min(keep, columns) * (8 + size) * 3 + columns * 8 * 4
+    held = layers * positions * (12 * hidden + 6 * width) * size
+    needed = batch + kept + held
+    free = free_memory(device)
+    if free is not None and needed > free:
+        raise ValueError(
+            f"the graph needs about {needed / 2**30:.1f} GiB ({batch / 2**30:.1f} GiB per batch of {batch_size} rows, "
+            f"{kept / 2**30:.1f} GiB for the {rows} kept rows of up to {keep} edges) but {free / 2**30:.1f} GiB is "
+            f"free: lower `max_nodes` (now {max_nodes}), `batch_size` (now {batch_size}) or `edges_per_row` "
+            f"(now {keep})"
+        )
+
+
+def free_memory(device: torch.device | None = None) -> int | None:
+    """Free bytes: the GPU's for a CUDA device, else the system's available memory (Linux), else ``None``."""
+    if device is not None and device.type == "cuda":
+        return int(torch.cuda.mem_get_info(device)[0])
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        return None
+    return None

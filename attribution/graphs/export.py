@@ -1,0 +1,152 @@
+"""A graph as circuit-tracer's graph file (for its and Neuronpedia's viewers) and as a self-contained HTML page."""
+
+from __future__ import annotations
+
+import html
+import json
+import math
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from ._math import _cumulative
+from ._page import PAGE as _PAGE
+
+if TYPE_CHECKING:
+    from .graph import AttributionGraph
+
+
+def decoder(tokenizer: Any) -> Callable[[int], str]:
+    """A function from a token id to its text: a tokenizer's ``decode``, a function, or ``[id]``.
+
+    Example:
+        >>> decoder(None)(5)
+        '[5]'
+    """
+    if tokenizer is None:
+        return lambda i: f"[{i}]"
+    decode = getattr(tokenizer, "decode", None)
+    if callable(decode):
+        return lambda i: str(decode([i]))
+    if callable(tokenizer):
+        return lambda i: str(tokenizer(i))
+    raise TypeError(f"`tokenizer` must be a tokenizer or a function from a token id to text; got {type(tokenizer)}")
+
+
+def _process(text: str) -> str:
+    """circuit-tracer's ``process_token``: newlines, tabs and returns as visible arrows."""
+    return text.replace("\n", "⏎").replace("\t", "→").replace("\r", "↵")
+
+
+def node_ids(graph: AttributionGraph) -> list[str]:
+    """circuit-tracer's node ids: ``{layer}_{index}_{pos}``, ``E_{token}_{pos}``, ``{layers + 1}_{token}_{pos}``.
+
+    Example:
+        >>> import torch
+        >>> from attribution.graphs import Nodes, AttributionGraph
+        >>> nodes = Nodes(("neuron", "token", "logit"), torch.tensor([0, -1, 2]), torch.tensor([1, 0, 1]),
+        ...               torch.tensor([7, 3, 9]), torch.ones(3), torch.zeros(3))
+        >>> node_ids(AttributionGraph(nodes, torch.zeros(3, 3).to_sparse(), torch.tensor([3, 4]), torch.ones(1),
+        ...                           torch.tensor([-1]), 2, 8, None))
+        ['0_7_1', 'E_3_0', '3_9_1']
+    """
+    out = []
+    columns = (graph.nodes.layer.tolist(), graph.nodes.position.tolist(), graph.nodes.index.tolist())
+    for kind, layer, position, index in zip(graph.nodes.kind, *columns, strict=True):
+        if kind == "token":
+            out.append(f"E_{index}_{position}")
+        elif kind == "logit":
+            out.append(f"{graph.n_layers + 1}_{index}_{position}")
+        else:
+            out.append(f"{layer}_{index}_{position}")
+    return out
+
+
+def graph_file(graph: AttributionGraph, slug: str, *, tokenizer: Any = None, scan: str = "neurons") -> dict[str, Any]:
+    """circuit-tracer's graph file as a dict: ``metadata``, ``qParams``, ``nodes``, ``links``.
+
+    Neurons are written as circuit-tracer's features (``feature_type`` "cross layer transcoder", ``feature`` the
+    Cantor pairing of layer and index, as circuit-tracer 0.5 numbers them) so that its viewer shows them; the first
+    logit node is the target.
+    Only nodes with an edge (and every token and logit) are written, as circuit-tracer does.
+    """
+    text = decoder(tokenizer)
+    ids = node_ids(graph)
+    cumulative = _cumulative(graph.nodes.influence.double())
+    adjacency = graph.adjacency.coalesce()
+    target, source = adjacency.indices().tolist()
+    links = [{"source": ids[s], "target": ids[t], "weight": float(w)}
+             for t, s, w in zip(target, source, adjacency.values().tolist(), strict=True)]  # fmt: skip
+    linked = set(target) | set(source)
+    nodes, first_logit = [], True
+    for i, (kind, node_id) in enumerate(zip(graph.nodes.kind, ids, strict=True)):
+        layer, position, index = (int(graph.nodes.layer[i]), int(graph.nodes.position[i]), int(graph.nodes.index[i]))
+        common = {"node_id": node_id, "ctx_idx": position, "influence": float(cumulative[i]), "run_idx": 0,
+                  "reverse_ctx_idx": 0}  # fmt: skip
+        if kind == "neuron" and i in linked:
+            nodes.append({**common, "feature": _cantor(layer, index), "layer": str(layer),
+                          "feature_type": "cross layer transcoder", "jsNodeId": f"{layer}_{index}-0",
+                          "activation": float(graph.nodes.activation[i]), "clerp": f"L{layer} neuron {index}",
+                          "token_prob": 0.0, "is_target_logit": False})  # fmt: skip
+        elif kind == "token":
+            nodes.append({**common, "feature": position, "layer": "E", "feature_type": "embedding",
+                          "jsNodeId": f"E_{index}-{position}", "clerp": "", "token_prob": 0.0,
+                          "is_target_logit": False, "activation": None})  # fmt: skip
+        elif kind == "logit":
+            rank = i - len(graph.nodes) + len(graph.logit_weights)
+            prob = float(graph.logit_weights[rank])
+            nodes.append({**common, "feature": index, "layer": str(graph.n_layers + 1), "feature_type": "logit",
+                          "jsNodeId": f"L_{index}-{position}", "token_prob": prob, "is_target_logit": first_logit,
+                          "clerp": f'Output "{_process(text(index))}" (p={prob:.3f})', "influence": None,
+                          "activation": float(graph.nodes.activation[i])})  # fmt: skip
+            first_logit = False
+    metadata = {"slug": slug, "scan": scan, "transcoder_list": [],
+                "prompt_tokens": [_process(text(t)) for t in graph.tokens.tolist()],
+                "prompt": "".join(text(t) for t in graph.tokens.tolist()),
+                "node_threshold": graph.node_threshold, "schema_version": 1}  # fmt: skip
+    qparams = {"pinnedIds": [], "supernodes": [], "linkType": "both", "clickedId": "", "sg_pos": ""}
+    return {"metadata": metadata, "qParams": qparams, "nodes": nodes, "links": links}
+
+
+def write_json(graph: AttributionGraph, path: Path, *, tokenizer: Any = None, scan: str = "neurons") -> dict[str, Any]:
+    """Write the graph file at ``path`` (the slug is its stem) and add it to ``graph-metadata.json`` beside it."""
+    content = graph_file(graph, path.stem, tokenizer=tokenizer, scan=scan)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(content, indent=1), encoding="utf-8")
+    index = path.parent / "graph-metadata.json"
+    listed = json.loads(index.read_text(encoding="utf-8")) if index.exists() else {"graphs": []}
+    listed["graphs"] = [g for g in listed.get("graphs", []) if g.get("slug") != path.stem] + [content["metadata"]]
+    index.write_text(json.dumps(listed, indent=2), encoding="utf-8")
+    return content
+
+
+def html_page(graph: AttributionGraph, *, tokenizer: Any = None, top_tokens: Any = None) -> str:
+    """The self-contained viewer's page (see :meth:`AttributionGraph.to_html`)."""
+    text = decoder(tokenizer)
+    nodes = []
+    for i in range(len(graph.nodes)):
+        node = graph.nodes[i]
+        names = {"token": text(node.index), "logit": f"→{text(node.index)}"}
+        label = names.get(node.kind, f"L{node.layer}/{node.index}")
+        tops = [str(t) for t in (top_tokens or {}).get(i, [])]
+        nodes.append({"kind": node.kind, "layer": node.layer, "pos": node.position, "index": node.index,
+                      "act": _finite(node.activation), "infl": _finite(node.influence), "label": label,
+                      "top": tops})  # fmt: skip
+    adjacency = graph.adjacency.coalesce()
+    target, source = adjacency.indices().tolist()
+    edges = [[s, t, _finite(w)] for t, s, w in zip(target, source, adjacency.values().tolist(), strict=True)]
+    data = json.dumps({"nodes": nodes, "edges": edges, "layers": graph.n_layers,
+                       "tokens": [text(t) for t in graph.tokens.tolist()]})  # fmt: skip
+    data = data.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")  # safe inside <script>
+    title = html.escape(f"Attribution graph: {len(graph.nodes)} nodes, {len(edges)} edges")
+    return _PAGE.replace("__TITLE__", title).replace("__DATA__", data)
+
+
+def _cantor(x: int, y: int) -> int:
+    """circuit-tracer's feature number of (layer, index): the Cantor pairing."""
+    return (x + y) * (x + y + 1) // 2 + y
+
+
+def _finite(x: float) -> float:
+    """``x`` rounded for the page (JSON has no NaN)."""
+    return round(float(x), 6) if math.isfinite(x) else 0.0

@@ -1,0 +1,86 @@
+"""A matplotlib drawing of an attribution graph (readable for 30-100 nodes: prune first)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from .export import decoder
+
+if TYPE_CHECKING:
+    from matplotlib.axes import Axes
+
+    from .graph import AttributionGraph
+
+COLOURS = {"token": "#bbbbbb", "neuron": "#f2c14e", "logit": "#7fb77e"}
+
+
+def node_positions(graph: AttributionGraph) -> torch.Tensor:
+    """``(n, 2)`` drawing coordinates: x by position (nodes of one cell side by side), y by layer (tokens at -1).
+
+    Example:
+        >>> import torch
+        >>> from attribution.graphs import AttributionGraph, Nodes
+        >>> nodes = Nodes(("neuron", "neuron", "token"), torch.tensor([0, 0, -1]), torch.tensor([0, 0, 0]),
+        ...               torch.tensor([1, 2, 5]), torch.ones(3), torch.zeros(3))
+        >>> node_positions(AttributionGraph(nodes, torch.zeros(3, 3).to_sparse(), torch.tensor([5]), torch.ones(0),
+        ...                                 torch.ones(0), 1, 4, None)).tolist()
+        [[-0.25, 0.0], [0.25, 0.0], [0.0, -1.0]]
+    """
+    xy = torch.zeros(len(graph.nodes), 2)
+    cells: dict[tuple[int, int], list[int]] = {}
+    for i in range(len(graph.nodes)):
+        cells.setdefault((int(graph.nodes.layer[i]), int(graph.nodes.position[i])), []).append(i)
+    for (layer, position), members in cells.items():
+        for j, i in enumerate(members):
+            offset = 0.5 * (j / (len(members) - 1) - 0.5) if len(members) > 1 else 0.0  # side by side in the cell
+            xy[i] = torch.tensor([position + offset, float(layer)])
+    return xy
+
+
+def plot_graph(graph: AttributionGraph, *, tokenizer: Any = None, ax: Axes | None = None, title: str | None = None
+               ) -> Axes:  # fmt: skip
+    """Nodes by position and layer; edges red (positive) or blue (negative), width and opacity by ``|weight|``.
+
+    Args:
+        graph: the graph (pruned to 30-100 nodes for a readable picture).
+        tokenizer: a tokenizer or a function from a token id to text, for the labels.
+        ax: the axes to draw into (a new figure when ``None``).
+        title: the title.
+
+    Returns:
+        The axes.
+    """
+    import matplotlib.pyplot as plt
+
+    text = decoder(tokenizer)
+    xy = node_positions(graph)
+    if ax is None:
+        width = max(6.0, 0.9 * len(graph.tokens) + 2)
+        _, ax = plt.subplots(figsize=(width, max(4.0, 0.32 * (graph.n_layers + 2) + 1.5)))
+    adjacency = graph.adjacency.coalesce()
+    values = adjacency.values().double()
+    top = float(values.abs().max()) if values.numel() else 1.0
+    order = values.abs().argsort()  # the strongest drawn last, on top
+    for k in order.tolist():
+        t, s = adjacency.indices()[:, k].tolist()
+        w = float(values[k]) / top
+        ax.plot([xy[s, 0], xy[t, 0]], [xy[s, 1], xy[t, 1]], color="#c0392b" if w > 0 else "#1f77b4",
+                linewidth=0.3 + 2.5 * abs(w), alpha=0.15 + 0.85 * abs(w), zorder=1)  # fmt: skip
+    for kind, colour in COLOURS.items():
+        members = graph.nodes.where(kind)
+        if len(members):
+            size = 22 if kind == "neuron" else 60
+            ax.scatter(xy[members, 0], xy[members, 1], s=size, c=colour, edgecolors="black", linewidths=0.5,
+                       zorder=2, label=kind)  # fmt: skip
+    for i in graph.nodes.where("logit").tolist():
+        ax.annotate(text(int(graph.nodes.index[i])), (float(xy[i, 0]), float(xy[i, 1])), xytext=(4, 4),
+                    textcoords="offset points", fontsize=8)  # fmt: skip
+    ax.set_xticks(range(len(graph.tokens)), [text(t) for t in graph.tokens.tolist()], rotation=60, fontsize=8)
+    ax.set_yticks(range(-1, graph.n_layers + 1), ["emb", *[str(i) for i in range(graph.n_layers)], "logit"],
+                  fontsize=7)  # fmt: skip
+    ax.set_ylabel("layer")
+    ax.legend(loc="upper left", fontsize=7, framealpha=0.8)
+    ax.set_title(title or f"attribution graph: {len(graph.nodes)} nodes, {len(values)} edges", fontsize=10)
+    return ax

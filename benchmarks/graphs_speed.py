@@ -1,0 +1,87 @@
+"""Attribution graphs on SmolLM2-135M: time, autograd runs and peak memory against one forward + backward.
+
+Run from the repository root: python -m benchmarks.graphs_speed [--tokens 16 64 256] [--nodes 1000 5000]
+Each (tokens, max_nodes) runs in a fresh process (its peak resident memory is the process's, ``ru_maxrss``, minus
+what the loaded model held), the prompt is the first ``tokens`` tokens of a fixed English text, the target the
+salient logits (circuit-tracer's default), ``batch_size`` 32, ``edges_per_row`` 4096. The floor: one forward and
+one backward of the same prompt (the gradient of the top logit with respect to the input embeddings).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import resource
+import subprocess
+import sys
+import time
+
+import torch
+
+from benchmarks._timing import setup, table
+
+TEXT = (
+    "The history of the city begins with a small settlement on the river, where traders stopped to rest and to "
+    "exchange grain, salt and cloth. Over the centuries the settlement grew into a market town, then into a "
+    "walled city with a cathedral, a university and a harbour that sent ships across the sea. Its people were "
+    "known for their skill with wool and glass, and for the long festival that closed every harvest, when the "
+    "streets were filled with music and the bells of every church rang from dawn until late in the night. "
+) * 4
+
+
+def one(tokens: int, nodes: int, batch: int) -> dict[str, float]:
+    """Time, runs and memory of one graph (in this process)."""
+    sys.path.insert(0, "examples")
+    from _smollm2 import load_smollm2
+
+    from attribution import attribution_graph
+
+    setup(2)
+    model, tokenizer = load_smollm2()
+    ids = torch.tensor(tokenizer.encode(TEXT, add_special_tokens=False)[:tokens])
+    base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    embeds = model.get_input_embeddings()(ids[None]).detach().requires_grad_(True)
+    start = time.perf_counter()
+    logits = model(inputs_embeds=embeds, use_cache=False).logits[0, -1]
+    torch.autograd.grad(logits.max(), embeds)
+    floor = time.perf_counter() - start
+    start = time.perf_counter()
+    graph = attribution_graph(model, ids, max_nodes=nodes, batch_size=batch, progress=False)
+    took = time.perf_counter() - start
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    targets = len(graph.nodes.where("neuron")) + len(graph.nodes.where("logit"))
+    bound = math.ceil(targets / batch) + 2
+    return {"tokens": tokens, "nodes": nodes, "seconds": took, "floor": floor, "runs": graph.runs, "bound": bound,
+            "peak_gib": (peak - base) / 2**20, "edges": graph.adjacency._nnz()}  # fmt: skip
+
+
+def main(tokens: list[int], nodes: list[int], batch: int) -> None:
+    rows = []
+    for t in tokens:
+        for n in nodes:
+            command = [sys.executable, "-m", "benchmarks.graphs_speed", "--one", str(t), str(n), "--batch", str(batch)]
+            done = subprocess.run(command, capture_output=True, text=True, check=False)
+            if done.returncode:
+                rows.append([t, n, "failed: " + done.stderr.strip().splitlines()[-1][:60], "", "", "", ""])
+                continue
+            r = json.loads(done.stdout.strip().splitlines()[-1])
+            ratio = r["seconds"] / r["floor"]
+            rows.append([t, n, f"{r['seconds']:.0f} s", f"{ratio:.0f}x", f"{r['runs']} ({r['bound']})",
+                         f"{r['peak_gib']:.2f} GiB", r["edges"]])  # fmt: skip
+            print(rows[-1], flush=True)
+    header = ["tokens", "max_nodes", "time", "/ fwd+bwd", "runs (bound)", "peak memory", "edges"]
+    print(table(header, rows))
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--tokens", type=int, nargs="+", default=[16, 64, 256])
+    parser.add_argument("--nodes", type=int, nargs="+", default=[1000, 5000])
+    parser.add_argument("--batch", type=int, default=32)
+    parser.add_argument("--one", type=int, nargs=2, default=None)
+    args = parser.parse_args()
+    if args.one:
+        print(json.dumps(one(*args.one, args.batch)))
+    else:
+        main(args.tokens, args.nodes, args.batch)
