@@ -19,12 +19,13 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from contextlib import ExitStack
 from typing import Any
 
 import torch
 from torch import nn
 
-from hooks import tensors
+from hooks import hooked_modules, tensors
 
 from .._progress import progress
 from .._run import HookedRun, warn
@@ -37,6 +38,8 @@ from ._cache import (
     returned_cache,
     usable_cache,
 )
+from ._layer import LayerSite, close_scores
+from ._masks import Baseline, baseline_batch
 
 MEMORY_BUDGET = 2**28
 """Bytes a batch of perturbations may take at the model's largest activation (counted 3 times: in, out, spare)."""
@@ -55,10 +58,15 @@ class Evaluator:
         inputs: ``(batch, *item)``, floating point, or token ids ``(batch, T)``.
         target: what is explained (:mod:`attribution.targets`); for a language model (3-D logits) an integer is
             the log-probability of that token at the last position, ``None`` the top token there.
-        baseline: ``(batch, *item)``, what perturbed elements become.
+        baseline: what perturbed elements become (``baseline=`` of the methods), for the inputs or, with ``layer``,
+            for the layer's output.
         per_forward: perturbations per forward, or ``None`` for as many as fit :data:`MEMORY_BUDGET`.
         reuse: reuse a causal language model's unperturbed keys/values (see the module documentation).
         show_progress: a progress bar on long calls.
+        layer: the qualified name of a module whose output is perturbed instead of the inputs (see ``_layer.py``).
+
+    ``units`` is what the perturbations act on, ``(batch, *item)``: the inputs, or with ``layer`` the layer's
+    unperturbed output (known once the context is entered).
     """
 
     def __init__(
@@ -67,37 +75,49 @@ class Evaluator:
         method: str,
         inputs: torch.Tensor,
         target: Target,
-        baseline: torch.Tensor,
+        baseline: Baseline,
         *,
         per_forward: int | None,
         reuse: bool = True,
         show_progress: bool = True,
+        layer: str | None = None,
     ) -> None:
-        self.model, self.method, self.x, self.baseline = model, method, inputs, baseline
+        self.model, self.method, self.x, self.layer = model, method, inputs, layer
         self.batch = inputs.shape[0]
         check_target(target, self.batch)
         self.target: Target = target
         self.per_forward = per_forward
+        self.units = inputs
+        self._baseline = baseline
+        self.baseline = baseline_batch(baseline, inputs, model) if layer is None else inputs  # set on entry
         self.keyword = None if inputs.is_floating_point() else cache_keyword(model)  # a HuggingFace LM
-        self.reuse = reuse and self.keyword is not None and not callable(target)
+        self.reuse = reuse and layer is None and self.keyword is not None and not callable(target)
         self.last_only = self.keyword is not None and not callable(target) and takes_logits_to_keep(model)
         self.show_progress = show_progress
         self.forwards = 0  # model calls made, for the cost model and tests
         self.cache: Any = None
+        self.site: LayerSite | None = None
         self._run = HookedRun(model, method)
+        self._stack = ExitStack()
 
     def __enter__(self) -> Evaluator:
+        hooked = {id(m) for m in hooked_modules(self.model)} if self.layer is not None else set()  # the user's
         self._run.__enter__()
         try:
+            if self.layer is not None:
+                self.site = LayerSite(self._run, self.layer, hooked, self.method)
             self.full = self._unperturbed()
         except BaseException:
-            self._run.__exit__()
+            self.__exit__()
             raise
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.cache = None
-        self._run.__exit__(*exc)
+        try:
+            self._stack.close()  # the layer's replay: every module's forward restored
+        finally:
+            self._run.__exit__(*exc)
 
     # -- the unperturbed run ------------------------------------------------------------------------------------
     def _unperturbed(self) -> torch.Tensor:
@@ -109,10 +129,19 @@ class Evaluator:
 
         handles = self._run.group.forward(list(self.model.modules()), measure)
         try:
-            output = self._call(self.x, store=self.reuse)
+            if self.site is not None:  # traced: the calls up to the layer are replayed afterwards
+                output = self.site.trace(self._call, self.x, self._stack)
+            else:
+                output = self._call(self.x, store=self.reuse)
         finally:
             for handle in handles:
                 handle.remove()
+        if self.site is not None:
+            assert self.site.activation is not None
+            self.units = self.site.activation
+            self.baseline = baseline_batch(
+                self._baseline, self.units, self.model, of=f"the outputs of `layer` {self.layer!r}"
+            )
         self.lm = _lm_logits(output) is not None and not callable(self.target)
         if self.reuse:
             assert self.keyword is not None
@@ -121,10 +150,24 @@ class Evaluator:
             self.cache = cache if self.reuse else None
         if not callable(self.target):
             self.target = _resolve(output, self.target, self.batch, self.lm)
-        per_item = max(largest[0], self.x[0].numel() * self.x.element_size(), 1) / self.batch
+        per_item = max(largest[0], self.units[0].numel() * self.units.element_size(), 1) / self.batch
         if self.per_forward is None:
             self.per_forward = int(max(1, min(MAX_PER_FORWARD, MEMORY_BUDGET // (3 * per_item * self.batch))))
-        return self._scores(output, 1)[:, 0]
+        full = self._scores(output, 1)[:, 0]
+        if self.site is not None and self.site.replay is not None:
+            self._check_replay(full)
+        return full
+
+    def _check_replay(self, full: torch.Tensor) -> None:
+        """Two unperturbed copies per item through the replayed run must give the unperturbed scores back."""
+        assert self.site is not None
+        try:
+            again = self._score_rows(self.units.repeat_interleave(2, 0), 2)
+        except Exception as exc:  # a replayed call's result that later code cannot take
+            self.site.stop_replay(f"made the model fail ({exc})")
+            return
+        if not close_scores(again, full[:, None].expand(-1, 2)):
+            self.site.stop_replay("did not give the unperturbed scores back")
 
     # -- perturbations ------------------------------------------------------------------------------------------
     def keep(self, keep: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
@@ -136,23 +179,23 @@ class Evaluator:
         """Scores ``(batch, count)`` of the perturbations ``weights(first, stop)``, made a batch at a time."""
         if count == 0:
             return self.full.new_zeros(self.batch, 0)
-        if not self.x.is_floating_point():
+        if not self.units.is_floating_point():
             return self._token_scores(weights(0, count))
         assert self.per_forward is not None
         out = []
         chunks = range(0, count, self.per_forward)
         for first in progress(chunks, desc=self.method, enabled=self.show_progress):
-            w = weights(first, min(count, first + self.per_forward)).to(self.x.device)
+            w = weights(first, min(count, first + self.per_forward)).to(self.units.device)
             out.append(self._score_rows(self._perturb(w), len(w)))
         return torch.cat(out, dim=1)
 
     def _perturb(self, w: torch.Tensor) -> torch.Tensor:
         """The rows ``(batch * k, *item)``, item after item: ``x * w + b * (1 - w)`` (a choice for booleans)."""
-        x, b = self.x[:, None], self.baseline[:, None]
-        if w.dtype == torch.bool or not self.x.is_floating_point():
+        x, b = self.units[:, None], self.baseline[:, None]
+        if w.dtype == torch.bool or not x.is_floating_point():
             rows = torch.where(w.bool()[None], x, b)
         else:
-            w = w.to(self.x.dtype)[None]
+            w = w.to(x.dtype)[None]
             rows = x * w + b * (1 - w)
         return rows.flatten(0, 1)
 
@@ -175,8 +218,13 @@ class Evaluator:
         return result
 
     def _score_rows(self, rows: torch.Tensor, k: int, *, start: int = 0) -> torch.Tensor:
-        """Scores ``(batch, k)`` of ``batch * k`` rows; with ``start``, positions ``start..`` run on the cache."""
-        if start > 0:
+        """Scores ``(batch, k)`` of ``batch * k`` rows; with ``start``, positions ``start..`` run on the cache.
+
+        With a layer, the rows are the layer's output and the model runs on the inputs repeated ``k`` times.
+        """
+        if self.site is not None:
+            output = self.site.forward(self._call, self.x, rows, k)
+        elif start > 0:
             cache = prefix_cache(self.cache, start, k)
             output = self._call(rows[:, start:], cache=cache)
         else:

@@ -149,6 +149,10 @@ class ShapleyValueSampling(PerturbationMethod):
         perturbations_per_forward: perturbations per model call; ``None``: as many as fit the memory budget.
         reuse: reuse a causal language model's unperturbed keys/values.
         show_progress: a progress bar for calls that take more than a second.
+        layer: ``None`` (the inputs), or one module (its name, or the module) whose output is perturbed instead:
+            the feature mask and the baseline then apply to one item of its output ``(batch, *item)``, the
+            attributions are shaped like that output, and the model runs up to the layer once (later forwards
+            replay that part and run only what follows; see ``docs/methods/perturbation.rst``).
 
     Example:
         >>> import torch
@@ -171,6 +175,7 @@ class ShapleyValueSampling(PerturbationMethod):
         perturbations_per_forward: int | None = None,
         reuse: bool = True,
         show_progress: bool = True,
+        layer: str | nn.Module | None = None,
     ) -> None:
         super().__init__(
             model,
@@ -179,6 +184,7 @@ class ShapleyValueSampling(PerturbationMethod):
             perturbations_per_forward=perturbations_per_forward,
             reuse=reuse,
             show_progress=show_progress,
+            layer=layer,
         )
         if isinstance(samples, bool) or not isinstance(samples, int) or samples < 1:
             raise ValueError(f"`samples` must be an integer >= 1; got {samples!r}")
@@ -186,13 +192,13 @@ class ShapleyValueSampling(PerturbationMethod):
         self.seed = seed
 
     def __call__(self, inputs: torch.Tensor, target: Target = None) -> torch.Tensor:
-        """The attributions, shaped like ``inputs``."""
+        """The attributions, shaped like ``inputs`` (like the layer's output with ``layer``)."""
         x, single = self._inputs(inputs)
-        ids, count = self._features(x)
-        generator = torch.Generator().manual_seed(self.seed)
-        permutations = torch.stack([torch.randperm(count, generator=generator) for _ in range(self.samples)])
-        chains = permutation_chains(permutations)  # (n, M - 1, M)
         with self._evaluator(x, target) as run:
+            ids, count = self._features(run.units)
+            generator = torch.Generator().manual_seed(self.seed)
+            permutations = torch.stack([torch.randperm(count, generator=generator) for _ in range(self.samples)])
+            chains = permutation_chains(permutations)  # (n, M - 1, M)
             keep = torch.cat([torch.zeros(1, count, dtype=torch.bool), chains.flatten(0, 1)])
             scores = run.keep(keep, ids)
         self.forwards = run.forwards
@@ -206,4 +212,4 @@ class ShapleyValueSampling(PerturbationMethod):
         total.scatter_add_(1, permutations.to(gains.device).flatten()[None].expand(batch, -1), gains.flatten(1))
         values = torch.cat([run.full[:, None], scores], 1)
         attributions = nan_items((total / n)[:, ids], values, "ShapleyValueSampling")
-        return shaped(attributions, x, single)
+        return shaped(attributions, run.units, single)
