@@ -10,6 +10,7 @@ from torch import nn
 from .._inputs import batched
 from .._run import eager_module
 from ..targets import Target
+from ._continuation import Continuation
 from ._evaluate import Evaluator
 from ._layer import check_layer
 from ._masks import Baseline, feature_ids
@@ -82,7 +83,7 @@ class PerturbationMethod:
             raise ValueError(f"{exc} (the item is one item of the output of `layer` {self.layer!r})") from None
         return ids.to(units.device), count
 
-    def _evaluator(self, x: torch.Tensor, target: Target) -> Evaluator:
+    def _evaluator(self, x: torch.Tensor, target: Target | Continuation) -> Evaluator:
         return Evaluator(
             self.model,
             type(self).__name__,
@@ -98,10 +99,3 @@ class PerturbationMethod:
     def __repr__(self) -> str:
         where = "" if self.layer is None else f", layer={self.layer!r}"
         return f"{type(self).__name__}({type(self.model).__name__}{where})"
-
-
-def shaped(attributions: torch.Tensor, x: torch.Tensor, single: bool) -> torch.Tensor:
-    """Attributions in the dtype of ``x`` (float inputs, a layer's output), without the axis a single image got."""
-    if x.is_floating_point():
-        attributions = attributions.to(x.dtype)
-    return attributions[0] if single else attributions

@@ -38,6 +38,7 @@ from ._cache import (
     returned_cache,
     usable_cache,
 )
+from ._continuation import Continuation, continuation_scores
 from ._layer import LayerSite, close_scores
 from ._masks import Baseline, baseline_batch
 
@@ -57,7 +58,8 @@ class Evaluator:
         method: the method's name, for errors, warnings and the hook group.
         inputs: ``(batch, *item)``, floating point, or token ids ``(batch, T)``.
         target: what is explained (:mod:`attribution.targets`); for a language model (3-D logits) an integer is
-            the log-probability of that token at the last position, ``None`` the top token there.
+            the log-probability of that token at the last position, ``None`` the top token there; a
+            :class:`~._continuation.Continuation` the log-probability of each of its tokens (``N`` scores per item).
         baseline: what perturbed elements become (``baseline=`` of the methods), for the inputs or, with ``layer``,
             for the layer's output.
         per_forward: perturbations per forward, or ``None`` for as many as fit :data:`MEMORY_BUDGET`.
@@ -66,7 +68,8 @@ class Evaluator:
         layer: the qualified name of a module whose output is perturbed instead of the inputs (see ``_layer.py``).
 
     ``units`` is what the perturbations act on, ``(batch, *item)``: the inputs, or with ``layer`` the layer's
-    unperturbed output (known once the context is entered).
+    unperturbed output (known once the context is entered). Scores are ``(batch * outputs, ...)``: one row per item,
+    or with a continuation one per item and token (row ``b * N + i``); :meth:`result` gives attributions their shape.
     """
 
     def __init__(
@@ -74,7 +77,7 @@ class Evaluator:
         model: nn.Module,
         method: str,
         inputs: torch.Tensor,
-        target: Target,
+        target: Target | Continuation,
         baseline: Baseline,
         *,
         per_forward: int | None,
@@ -84,21 +87,46 @@ class Evaluator:
     ) -> None:
         self.model, self.method, self.x, self.layer = model, method, inputs, layer
         self.batch = inputs.shape[0]
-        check_target(target, self.batch)
-        self.target: Target = target
+        self.keyword = None if inputs.is_floating_point() else cache_keyword(model)  # a HuggingFace LM
+        self.tokens: torch.Tensor | None = None  # (batch, N) a continuation's tokens
+        if isinstance(target, Continuation):
+            self.tokens = self._continuation(target)
+        else:
+            check_target(target, self.batch)
+        self.target: Target | Continuation = target
         self.per_forward = per_forward
         self.units = inputs
         self._baseline = baseline
         self.baseline = baseline_batch(baseline, inputs, model) if layer is None else inputs  # set on entry
-        self.keyword = None if inputs.is_floating_point() else cache_keyword(model)  # a HuggingFace LM
         self.reuse = reuse and layer is None and self.keyword is not None and not callable(target)
         self.last_only = self.keyword is not None and not callable(target) and takes_logits_to_keep(model)
+        self.length = inputs.shape[-1] + (0 if self.tokens is None else self.tokens.shape[1] - 1)  # positions run
         self.show_progress = show_progress
         self.forwards = 0  # model calls made, for the cost model and tests
         self.cache: Any = None
         self.site: LayerSite | None = None
         self._run = HookedRun(model, method)
         self._stack = ExitStack()
+
+    def _continuation(self, target: Continuation) -> torch.Tensor:
+        """A continuation's tokens ``(batch, N)``, checked: the inputs must be a causal LM's token ids."""
+        if self.keyword is None:
+            raise TypeError(
+                f"{self.method}: a `Continuation` target needs token ids (batch, P) of a HuggingFace causal language "
+                f"model (its forward takes input_ids and a key/value cache); got {type(self.model).__name__} on "
+                f"{tuple(self.x.shape)} {self.x.dtype} inputs"
+            )
+        embedding = getattr(self.model, "get_input_embeddings", lambda: None)()
+        vocabulary = getattr(embedding, "num_embeddings", None)
+        return target.rows(self.batch, self.x.device, vocabulary)
+
+    def result(self, attributions: torch.Tensor, single: bool) -> torch.Tensor:
+        """Attributions ``(batch * outputs, *item)`` shaped: ``(batch, *item)``, or ``(batch, N, *item)``."""
+        if self.units.is_floating_point():
+            attributions = attributions.to(self.units.dtype)
+        if self.tokens is not None:
+            attributions = attributions.reshape(self.batch, self.tokens.shape[1], *attributions.shape[1:])
+        return attributions[0] if single else attributions
 
     def __enter__(self) -> Evaluator:
         hooked = {id(m) for m in hooked_modules(self.model)} if self.layer is not None else set()  # the user's
@@ -146,9 +174,9 @@ class Evaluator:
         if self.reuse:
             assert self.keyword is not None
             cache = returned_cache(output, self.keyword)
-            self.reuse = usable_cache(cache, self.x.shape[-1])
+            self.reuse = usable_cache(cache, self.length)
             self.cache = cache if self.reuse else None
-        if not callable(self.target):
+        if not callable(self.target) and not isinstance(self.target, Continuation):
             self.target = _resolve(output, self.target, self.batch, self.lm)
         per_item = max(largest[0], self.units[0].numel() * self.units.element_size(), 1) / self.batch
         if self.per_forward is None:
@@ -171,14 +199,14 @@ class Evaluator:
 
     # -- perturbations ------------------------------------------------------------------------------------------
     def keep(self, keep: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
-        """Scores ``(batch, P)`` with the features where ``keep`` ``(P, M)`` is False at the baseline."""
+        """Scores ``(batch * outputs, P)`` with the features where ``keep`` ``(P, M)`` is False at the baseline."""
         keep = keep.to(ids.device)
         return self.scores(len(keep), lambda first, stop: keep[first:stop][:, ids])
 
     def scores(self, count: int, weights: Weights) -> torch.Tensor:
-        """Scores ``(batch, count)`` of the perturbations ``weights(first, stop)``, made a batch at a time."""
+        """Scores ``(batch * outputs, count)`` of the perturbations ``weights(first, stop)``, a batch at a time."""
         if count == 0:
-            return self.full.new_zeros(self.batch, 0)
+            return self.full.new_zeros(len(self.full), 0)
         if not self.units.is_floating_point():
             return self._token_scores(weights(0, count))
         assert self.per_forward is not None
@@ -202,17 +230,17 @@ class Evaluator:
     def _token_scores(self, w: torch.Tensor) -> torch.Tensor:
         """Token-id perturbations, sorted by their first change and run on the cached prefix where possible."""
         assert self.per_forward is not None
-        count, length = len(w), self.x.shape[-1]
+        count, prompt = len(w), self.x.shape[-1]
         perturbed = torch.where(w.bool().to(self.x.device)[None], self.x[:, None], self.baseline[:, None])
         starts = first_changes(perturbed, self.x) if self.reuse else torch.zeros(count, dtype=torch.long)
         order = torch.sort(starts.cpu(), stable=True).indices
-        result = self.full.new_empty(self.batch, count)
-        runs = prefix_groups(starts.cpu()[order].tolist(), length, self.per_forward) if self.reuse else None
+        result = self.full.new_empty(len(self.full), count)
+        runs = prefix_groups(starts.cpu()[order].tolist(), self.length, self.per_forward) if self.reuse else None
         if runs is None:
             runs = [(i, min(count, i + self.per_forward)) for i in range(0, count, self.per_forward)]
         for first, stop in progress(runs, desc=self.method, enabled=self.show_progress):
             chunk = order[first:stop].to(self.x.device)
-            start = min(int(starts[chunk[0]]), length - 1)
+            start = min(int(starts[chunk[0]]), prompt - 1)  # the last prompt position predicts the first token
             rows = perturbed[:, chunk].flatten(0, 1)
             result[:, chunk.to(result.device)] = self._score_rows(rows, len(chunk), start=start)
         return result
@@ -232,20 +260,30 @@ class Evaluator:
         return self._scores(output, k)
 
     def _call(self, rows: torch.Tensor, *, store: bool = False, cache: Any = None) -> Any:
-        """One model call; a HuggingFace LM gets ``input_ids=``, the cache, ``use_cache`` and ``logits_to_keep``."""
+        """One model call; a HuggingFace LM gets ``input_ids=``, the cache, ``use_cache`` and ``logits_to_keep``.
+
+        With a continuation, its tokens but the last follow every row (rows are item after item).
+        """
         self.forwards += 1
         if self.keyword is None:
             return self._run.forward(rows)
+        if self.tokens is not None:
+            rows = torch.cat([rows, self.tokens[:, :-1].repeat_interleave(len(rows) // self.batch, 0)], 1)
         inputs: dict[str, Any] = {"input_ids": rows, "use_cache": store or cache is not None}
         if cache is not None:
             inputs[self.keyword] = cache
-        if self.last_only:
-            inputs["logits_to_keep"] = 1  # only the last position's logits are read: exact, and less work
+        if self.last_only:  # only the last positions' logits are read: exact, and less work
+            inputs["logits_to_keep"] = 1 if self.tokens is None else self.tokens.shape[1]
         return self._run.forward(inputs)
 
     def _scores(self, output: Any, k: int) -> torch.Tensor:
-        """The ``(batch, k)`` target scores of an output of ``batch * k`` rows (item after item)."""
+        """The ``(batch * outputs, k)`` target scores of an output of ``batch * k`` rows (item after item)."""
         rows = self.batch * k
+        if self.tokens is not None:
+            logits = _lm_logits(output)
+            if logits is None:
+                raise TypeError(f"{self.method}: a `Continuation` target needs a model whose output has `.logits`")
+            return continuation_scores(logits, self.tokens, k)
         target = self.target
         if not callable(target):
             assert isinstance(target, torch.Tensor)

@@ -6,7 +6,8 @@ import torch
 from torch import nn
 
 from ..targets import Target
-from ._base import PerturbationMethod, shaped
+from ._base import PerturbationMethod
+from ._continuation import Continuation
 from ._evaluate import nan_items
 from ._masks import Baseline
 
@@ -65,7 +66,7 @@ class FeatureAblation(PerturbationMethod):
             layer=layer,
         )
 
-    def __call__(self, inputs: torch.Tensor, target: Target = None) -> torch.Tensor:
+    def __call__(self, inputs: torch.Tensor, target: Target | Continuation = None) -> torch.Tensor:
         """The attributions, shaped like ``inputs`` (like the layer's output with ``layer``)."""
         x, single = self._inputs(inputs)
         with self._evaluator(x, target) as run:
@@ -74,4 +75,4 @@ class FeatureAblation(PerturbationMethod):
         self.forwards = run.forwards
         attributions = (run.full[:, None] - scores)[:, ids]
         attributions = nan_items(attributions, torch.cat([run.full[:, None], scores], 1), "FeatureAblation")
-        return shaped(attributions, run.units, single)
+        return run.result(attributions, single)

@@ -8,7 +8,8 @@ import torch
 from torch import nn
 
 from ..targets import Target
-from ._base import PerturbationMethod, shaped
+from ._base import PerturbationMethod
+from ._continuation import Continuation
 from ._evaluate import nan_items
 from ._masks import Baseline, occlusion_starts, sizes, window_masks
 
@@ -68,7 +69,7 @@ class Occlusion(PerturbationMethod):
         self.window = window
         self.stride = stride
 
-    def __call__(self, inputs: torch.Tensor, target: Target = None) -> torch.Tensor:
+    def __call__(self, inputs: torch.Tensor, target: Target | Continuation = None) -> torch.Tensor:
         """The attributions, shaped like ``inputs`` (like the layer's output with ``layer``)."""
         x, single = self._inputs(inputs)
         if self.layer is None:
@@ -80,7 +81,7 @@ class Occlusion(PerturbationMethod):
             scores = run.scores(len(corners), lambda first, stop: ~window_masks(item, window, corners[first:stop]))
         self.forwards = run.forwards
         drops = run.full[:, None] - scores
-        total = drops.new_zeros(x.shape[0], *item)
+        total = drops.new_zeros(len(drops), *item)
         count = drops.new_zeros(item)
         for k, corner in enumerate(corners):
             where = tuple(slice(c, c + w) for c, w in zip(corner, window, strict=True))
@@ -88,7 +89,7 @@ class Occlusion(PerturbationMethod):
             total[index] += drops[:, k].view(-1, *([1] * len(item)))
             count[where] += 1
         attributions = nan_items(total / count, torch.cat([run.full[:, None], scores], 1), "Occlusion")
-        return shaped(attributions, run.units, single)
+        return run.result(attributions, single)
 
     def _sizes(self, item: tuple[int, ...]) -> tuple[tuple[int, ...], tuple[int, ...]]:
         window = sizes(self.window, item, "`window`")

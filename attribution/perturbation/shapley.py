@@ -8,7 +8,8 @@ import torch
 from torch import nn
 
 from ..targets import Target
-from ._base import PerturbationMethod, shaped
+from ._base import PerturbationMethod
+from ._continuation import Continuation
 from ._evaluate import nan_items
 from ._masks import Baseline
 
@@ -112,7 +113,7 @@ class ShapleyValues(PerturbationMethod):
             show_progress=show_progress,
         )
 
-    def __call__(self, inputs: torch.Tensor, target: Target = None) -> torch.Tensor:
+    def __call__(self, inputs: torch.Tensor, target: Target | Continuation = None) -> torch.Tensor:
         """The attributions, shaped like ``inputs``."""
         x, single = self._inputs(inputs)
         ids, count = self._features(x)
@@ -127,7 +128,7 @@ class ShapleyValues(PerturbationMethod):
         self.forwards = run.forwards
         values = torch.cat([scores, run.full[:, None]], 1)
         attributions = nan_items(exact_shapley(values, count)[:, ids], values, "ShapleyValues")
-        return shaped(attributions, x, single)
+        return run.result(attributions, single)
 
 
 class ShapleyValueSampling(PerturbationMethod):
@@ -191,7 +192,7 @@ class ShapleyValueSampling(PerturbationMethod):
         self.samples = samples
         self.seed = seed
 
-    def __call__(self, inputs: torch.Tensor, target: Target = None) -> torch.Tensor:
+    def __call__(self, inputs: torch.Tensor, target: Target | Continuation = None) -> torch.Tensor:
         """The attributions, shaped like ``inputs`` (like the layer's output with ``layer``)."""
         x, single = self._inputs(inputs)
         with self._evaluator(x, target) as run:
@@ -202,7 +203,7 @@ class ShapleyValueSampling(PerturbationMethod):
             keep = torch.cat([torch.zeros(1, count, dtype=torch.bool), chains.flatten(0, 1)])
             scores = run.keep(keep, ids)
         self.forwards = run.forwards
-        batch, n = x.shape[0], self.samples
+        batch, n = len(run.full), self.samples  # items, or items x continuation tokens
         empty, steps = scores[:, :1], scores[:, 1:].reshape(batch, n, count - 1)
         chain = torch.cat(
             [empty.expand(batch, n).unsqueeze(2), steps, run.full.view(batch, 1, 1).expand(batch, n, 1)], 2
@@ -212,4 +213,4 @@ class ShapleyValueSampling(PerturbationMethod):
         total.scatter_add_(1, permutations.to(gains.device).flatten()[None].expand(batch, -1), gains.flatten(1))
         values = torch.cat([run.full[:, None], scores], 1)
         attributions = nan_items((total / n)[:, ids], values, "ShapleyValueSampling")
-        return shaped(attributions, run.units, single)
+        return run.result(attributions, single)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import re
 from types import SimpleNamespace
 
 import pytest
@@ -12,6 +11,7 @@ from attribution import LIME, FeatureAblation, KernelSHAP, ShapleyValues, Shaple
 from attribution.perturbation._masks import default_token
 
 from ..models import lm64
+from .tokenizer import NumberTokenizer
 
 ROUNDING = {"rtol": 1e-9, "atol": 1e-11}  # the cached and the full attention sum in another order
 IDS = torch.tensor([[5, 9, 3, 17, 22, 8, 30, 11, 2], [1, 12, 3, 4, 25, 6, 7, 38, 9]])
@@ -92,28 +92,6 @@ def test_the_default_baseline_token_is_pad_then_eos_then_zero():
 
 
 # -- captum's LLMAttribution -----------------------------------------------------------------------------------
-class NumberTokenizer:
-    """Token ids written as numbers, ``"3 5 7"`` for ``[3, 5, 7]``: what captum's LLMAttribution asks of a tokenizer."""
-
-    def encode(self, text, return_tensors=None, add_special_tokens=True):
-        ids = [int(t) for t in text.split()]
-        return torch.tensor([ids]) if return_tensors == "pt" else ids
-
-    def decode(self, ids):
-        ids = ids.tolist() if isinstance(ids, torch.Tensor) else ids
-        return " ".join(str(i) for i in ([ids] if isinstance(ids, int) else ids))
-
-    def __call__(self, text, return_offsets_mapping=False, add_special_tokens=True, **kwargs):
-        spans = [(m.start(), m.end()) for m in re.finditer(r"\S+", text)]
-        return {"input_ids": [int(text[a:b]) for a, b in spans], "offset_mapping": spans}
-
-    def convert_ids_to_tokens(self, ids):
-        return [str(i) for i in ids]
-
-    def convert_tokens_to_ids(self, tokens):
-        return [int(t) for t in tokens]
-
-
 @pytest.mark.peers
 @pytest.mark.slow
 @pytest.mark.parametrize("name", ["FeatureAblation", "ShapleyValueSampling"])
