@@ -9,9 +9,10 @@ after item in the batch (row ``b * k + j`` is item ``b`` under perturbation ``j`
 
 For a causal language model that takes ``past_key_values`` (``cache`` in transformers 5.2x) and an integer or
 ``None`` target (``reuse=True``), the unperturbed run keeps its keys/values; perturbations are sorted by the first
-position they change and split into runs (:func:`~._cache.prefix_groups`), and a run whose earliest change is at
-``i`` runs only positions ``i..T-1`` on a copy of the cached positions ``< i``: exact, the same scores as a full
-re-run to float rounding. Only the last position's logits are computed (``logits_to_keep=1``) where the model can.
+position they change and cut into as many runs as the plain re-run makes calls, at most ``per_forward`` each,
+where they run the fewest positions (:func:`~._cache.prefix_groups`); a run whose earliest change is at ``i`` runs
+only positions ``i..T-1`` on a copy of the cached positions ``< i``: exact, the same scores as a full re-run to
+float rounding, and never more model calls than it. Only the last position's logits are computed (``logits_to_keep=1``) where the model can.
 A callable target gets the whole output of full runs.
 """
 

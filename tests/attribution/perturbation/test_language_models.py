@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import itertools
 from types import SimpleNamespace
 
 import pytest
 import torch
 
 from attribution import LIME, FeatureAblation, KernelSHAP, ShapleyValues, ShapleyValueSampling
+from attribution.perturbation._cache import prefix_groups
 from attribution.perturbation._masks import default_token
 
 from ..models import lm64
@@ -35,7 +37,7 @@ def tokens_run(model, method, ids, target):
 @pytest.mark.parametrize(
     ("name", "per_forward"), [("ablation", 1), ("ablation", 3), ("ablation", None), ("sampling", 4), ("kernel", None)]
 )
-def test_prefix_reuse_equals_the_plain_rerun_and_runs_fewer_positions(model, name, per_forward):
+def test_prefix_reuse_equals_the_plain_rerun_with_as_many_calls_and_fewer_positions(model, name, per_forward):
     mask = torch.tensor([0, 1, 1, 2, 3, 3, 4, 5, 6])
     build = {
         "ablation": lambda reuse: FeatureAblation(model, mask, 0, perturbations_per_forward=per_forward, reuse=reuse),
@@ -46,10 +48,15 @@ def test_prefix_reuse_equals_the_plain_rerun_and_runs_fewer_positions(model, nam
             model, mask, 0, samples=20, perturbations_per_forward=per_forward, reuse=reuse
         ),
     }[name]
-    reused, cheap = tokens_run(model, build(True), IDS, 7)
-    plain, full = tokens_run(model, build(False), IDS, 7)
+    reusing, plain_method = build(True), build(False)
+    reused, cheap = tokens_run(model, reusing, IDS, 7)
+    plain, full = tokens_run(model, plain_method, IDS, 7)
     torch.testing.assert_close(reused, plain, **ROUNDING)
-    assert cheap < full
+    assert reusing.forwards == plain_method.forwards  # never more model calls than the plain re-run
+    if per_forward is None:  # every perturbation fits one call, which must start at the first token
+        assert cheap == full
+    else:
+        assert cheap < full
 
 
 def test_an_integer_target_is_the_log_probability_of_that_token_at_the_last_position(model):
@@ -109,3 +116,24 @@ def test_parity_with_captums_llm_attribution(model, name):
         got = ShapleyValueSampling(model, baseline=0, samples=3, seed=4)(ids, target=7)
     # captum accumulates and returns float32
     torch.testing.assert_close(got[0], expected, rtol=1e-6, atol=1e-7, check_dtype=False)
+
+
+def test_the_runs_are_as_many_as_the_plain_calls_and_run_the_fewest_positions():
+    generator = torch.Generator().manual_seed(0)
+    for _ in range(40):
+        count = int(torch.randint(1, 9, (1,), generator=generator))
+        most = int(torch.randint(1, 5, (1,), generator=generator))
+        starts = sorted(torch.randint(0, 6, (count,), generator=generator).tolist())
+        runs = prefix_groups(starts, 6, most)
+        calls = -(-count // most)
+
+        def cost(bounds, starts=starts):
+            return sum((b - a) * (6 - starts[a]) for a, b in itertools.pairwise(bounds))
+
+        splits = [
+            (0, *cut, count)
+            for cut in itertools.combinations(range(1, count), calls - 1)
+            if all(0 < b - a <= most for a, b in itertools.pairwise((0, *cut, count)))
+        ]
+        assert len(runs) == calls and all(0 < b - a <= most for a, b in runs)
+        assert cost([a for a, _ in runs] + [count]) == min(cost(s) for s in splits)
