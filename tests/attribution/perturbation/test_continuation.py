@@ -45,6 +45,9 @@ def test_feature_ablation_of_a_continuation_is_the_drop_of_each_tokens_log_proba
             ablated = PROMPTS[b].clone()
             ablated[j] = 0
             torch.testing.assert_close(got[b, :, j], full - log_probs(model, ablated, GENERATED[b]), **ROUNDING)
+    alone = FeatureAblation(model, baseline=0, perturbations_per_forward=1)(PROMPTS[1:], Continuation(GENERATED[1]))
+    torch.testing.assert_close(alone, got[1:], **ROUNDING)
+    torch.testing.assert_close(alone[0, :, 5], torch.zeros(3, dtype=torch.float64), **ROUNDING)
 
 
 @pytest.mark.parametrize("name", ["ablation", "sampling", "kernel", "lime"])
