@@ -170,19 +170,24 @@ class Replay:
     """Make chosen module calls return a copy of their recorded output (see the module documentation).
 
     Used as ``with Replay(model, modules) as replay:``, then ``replay.use(chosen)`` before each forward. Only the
-    calls of the thread that entered are replayed; every module's ``forward`` is restored at exit.
+    calls of the thread that entered are replayed; every module's ``forward`` is restored at exit. A replayed call
+    returns ``copy(recorded output)``: a fresh clone by default, or what ``use(chosen, copy)`` makes of it (a batch
+    repeated, for a forward of more rows than the recorded one).
     """
 
     def __init__(self, model: nn.Module, modules: Sequence[nn.Module]) -> None:
         self.model = model
         self.modules = list({id(m): m for m in modules}.values())
         self.chosen: dict[tuple[int, int], Any] = {}
+        self._copy: Callable[[Any], Any] = _copy
         self._pending: dict[int, int] = {}
         self._owner = threading.get_ident()
         self._saved: list[tuple[nn.Module, Any]] = []
 
-    def use(self, chosen: dict[tuple[int, int], Any]) -> None:
+    def use(self, chosen: dict[tuple[int, int], Any], copy: Callable[[Any], Any] = _copy) -> None:
+        """Replay ``chosen`` from the next forward on; ``copy`` makes a call's result from its recorded output."""
         self.chosen = chosen
+        self._copy = copy
         self._pending.clear()
 
     def __enter__(self) -> Replay:
@@ -219,7 +224,7 @@ class Replay:
         def forward(*args: Any, **kwargs: Any) -> Any:
             call = self._pending.pop(key, None) if threading.get_ident() == self._owner else None
             if call is not None and (key, call) in self.chosen:
-                return _copy(self.chosen[key, call])
+                return self._copy(self.chosen[key, call])
             return original(*args, **kwargs)
 
         return forward

@@ -1,12 +1,16 @@
 """Perturbation attributions: time of ours vs captum 0.9, with the same settings and equal results, one process.
 
-Run from the repository root: python -m benchmarks.perturbation_speed [--samples 3] [--skip-smollm2] [--skip-resnet]
+Run from the repository root: python -m benchmarks.perturbation_speed [--rounds 1] [--samples 3] [--skip-smollm2]
+[--skip-resnet] [--write-inc]. On 2 CPU cores the default settings (one round, 3 permutations, the windows below) take
+about 4 minutes; ``--write-inc`` writes the tables, with the load average before and after, to
+docs/methods/perturbation_speed.inc.
 
 1. SmolLM2-135M-Instruct (examples/_smollm2.py; skipped if its weights are not installed), the 20 IOI prompts of
    14 tokens, target: the log-probability of the indirect object's token after the prompt. Token FeatureAblation
    and ShapleyValueSampling (``--samples`` permutations) with token 0 as the baseline: captum's ``LLMAttribution``
    (one prompt at a time, one perturbation per forward, the whole prompt re-run each time) against ours on the 20
-   prompts at once, with the unperturbed prefix's keys/values reused (``reuse=True``) and without (``reuse=False``).
+   prompts at once, with the unperturbed prefix's keys/values reused (``reuse=True``) and without (``reuse=False``);
+   FeatureAblation also with 5 perturbations per forward (3 calls instead of 1, where reuse cuts positions).
    Floor: one plain forward of the 20 prompts per perturbation batch is not a fair floor here; the ratio to captum is
    the figure.
 2. torchvision resnet50 (random weights, eval), one 224 x 224 image, Occlusion with a (3, 56, 56) window and
@@ -14,13 +18,16 @@ Run from the repository root: python -m benchmarks.perturbation_speed [--samples
    of 7, 16 and 49, against ours (``perturbations_per_forward`` from the memory budget). Floor: the 50 forwards of
    one image at a time.
 
-Float32, 2 threads; each variant timed once per round, rounds interleaved (benchmarks/_timing.py).
+Float32, 2 threads; each variant timed once per round, rounds interleaved (benchmarks/_timing.py); each variant
+keeps its result, and the largest difference from captum's is reported.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import warnings
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -68,6 +75,12 @@ def smollm2(samples: int, rounds: int) -> list[list[Any]]:
         "FeatureAblation, captum LLMAttribution": lambda: captum(CaptumFA),
         "FeatureAblation, hookscope reuse=False": lambda: FeatureAblation(model, baseline=0, reuse=False)(ids, answers),
         "FeatureAblation, hookscope": lambda: FeatureAblation(model, baseline=0)(ids, answers),
+        "FeatureAblation, hookscope reuse=False, 5 per forward": lambda: FeatureAblation(
+            model, baseline=0, reuse=False, perturbations_per_forward=5
+        )(ids, answers),
+        "FeatureAblation, hookscope, 5 per forward": lambda: FeatureAblation(
+            model, baseline=0, perturbations_per_forward=5
+        )(ids, answers),
         "ShapleyValueSampling, captum LLMAttribution": lambda: captum(CaptumSVS, n_samples=samples),
         "ShapleyValueSampling, hookscope reuse=False": lambda: ShapleyValueSampling(
             model, baseline=0, samples=samples, reuse=False
@@ -119,23 +132,56 @@ def resnet(rounds: int) -> list[list[Any]]:
     return rows
 
 
+def rst(header: list[str], rows: list[list[Any]]) -> str:
+    """A reStructuredText simple table."""
+    cells = [[str(c) for c in r] for r in [header, *rows]]
+    widths = [max(len(r[i]) for r in cells) for i in range(len(header))]
+    rule = "  ".join("=" * w for w in widths)
+
+    def line(r: list[str]) -> str:
+        return "  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip()
+
+    return "\n".join([rule, line(cells[0]), rule, *map(line, cells[1:]), rule])
+
+
+def load() -> str:
+    """The 1-minute load average."""
+    return f"{os.getloadavg()[0]:.1f}"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--rounds", type=int, default=1)
     parser.add_argument("--samples", type=int, default=3)
     parser.add_argument("--skip-smollm2", action="store_true")
     parser.add_argument("--skip-resnet", action="store_true")
+    parser.add_argument("--write-inc", action="store_true", help="write docs/methods/perturbation_speed.inc")
     args = parser.parse_args()
     setup(2)
     warnings.simplefilter("ignore")
+    before, parts = load(), []
     if not args.skip_smollm2:
         rows = smollm2(args.samples, args.rounds)
         if rows:
-            print("SmolLM2-135M, 20 IOI prompts of 14 tokens, token ablation (baseline token 0)")
-            print(table(["variant", "s", "x captum", "max |diff| vs captum"], rows))
+            title = (
+                "SmolLM2-135M-Instruct, the 20 IOI prompts of 14 tokens, log-probability of the indirect object, "
+                f"baseline token 0; ShapleyValueSampling with {args.samples} permutations"
+            )
+            parts.append((title, ["variant", "s", "x captum", "max abs diff vs captum"], rows))
     if not args.skip_resnet:
-        print("\nresnet50 (random weights), 1 x 3 x 224 x 224, Occlusion window (3, 56, 56), stride (3, 28, 28)")
-        print(table(["variant", "s", "x captum's best", "max |diff| vs captum"], resnet(args.rounds)))
+        title = "resnet50 (random weights), 1 x 3 x 224 x 224, Occlusion window (3, 56, 56), stride (3, 28, 28)"
+        parts.append((title, ["variant", "s", "x captum's best", "max abs diff vs captum"], resnet(args.rounds)))
+    after = load()
+    for title, header, rows in parts:
+        print(f"\n{title}\n{table(header, rows)}")
+    print(f"\nload average (1 min): {before} before, {after} after")
+    if args.write_inc:
+        text = "".join(f"{title}:\n\n{rst(header, rows)}\n\n" for title, header, rows in parts)
+        text += (
+            f"torch {torch.__version__}, float32, 2 threads, {args.rounds} round(s); load average (1 min) {before} "
+            f"before and {after} after the run, on a 2-core machine shared with other jobs.\n"
+        )
+        Path("docs/methods/perturbation_speed.inc").write_text(text)
 
 
 if __name__ == "__main__":

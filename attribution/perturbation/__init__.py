@@ -14,6 +14,7 @@ unperturbed prefix's keys/values reused by every perturbation that starts later 
 cost of each method.
 """
 
+from ._continuation import Continuation
 from .ablation import FeatureAblation
 from .kernel_shap import KernelSHAP
 from .lime import LIME
@@ -21,4 +22,13 @@ from .occlusion import Occlusion
 from .rise import RISE
 from .shapley import ShapleyValues, ShapleyValueSampling
 
-__all__ = ["LIME", "RISE", "FeatureAblation", "KernelSHAP", "Occlusion", "ShapleyValueSampling", "ShapleyValues"]
+__all__ = [
+    "LIME",
+    "RISE",
+    "Continuation",
+    "FeatureAblation",
+    "KernelSHAP",
+    "Occlusion",
+    "ShapleyValueSampling",
+    "ShapleyValues",
+]

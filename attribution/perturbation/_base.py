@@ -10,8 +10,10 @@ from torch import nn
 from .._inputs import batched
 from .._run import eager_module
 from ..targets import Target
+from ._continuation import Continuation
 from ._evaluate import Evaluator
-from ._masks import Baseline, baseline_batch, feature_ids
+from ._layer import check_layer
+from ._masks import Baseline, feature_ids
 
 
 class PerturbationMethod:
@@ -29,6 +31,9 @@ class PerturbationMethod:
         reuse: for causal language models that take ``past_key_values``: run only the positions from a
             perturbation's first change on, on the unperturbed keys/values of the positions before it (exact).
         show_progress: a progress bar for calls that take more than a second.
+        layer: ``None`` (perturb the inputs) or one module (its name, or the module) whose output is perturbed
+            instead: the feature mask, window and baseline then apply to one item of that output, and only what
+            follows the layer runs per perturbation batch (see ``_layer.py``).
     """
 
     def __init__(
@@ -40,6 +45,7 @@ class PerturbationMethod:
         perturbations_per_forward: int | None = None,
         reuse: bool = True,
         show_progress: bool = True,
+        layer: str | nn.Module | None = None,
     ) -> None:
         if not isinstance(model, nn.Module):
             raise TypeError(f"`model` must be a torch.nn.Module; got {type(model).__name__}")
@@ -47,6 +53,7 @@ class PerturbationMethod:
         if per is not None and (isinstance(per, bool) or not isinstance(per, int) or per < 1):
             raise ValueError(f"`perturbations_per_forward` must be None or an integer >= 1; got {per!r}")
         self.model = eager_module(model)
+        self.layer = check_layer(self.model, layer, type(self).__name__)
         self.baseline = baseline
         self.feature_mask = feature_mask
         self.perturbations_per_forward = per
@@ -66,29 +73,29 @@ class PerturbationMethod:
             raise ValueError(f"`inputs` must be (batch, ...) with at least one axis per item; got {tuple(x.shape)}")
         return x, given.single
 
-    def _features(self, x: torch.Tensor) -> tuple[torch.Tensor, int]:
-        """The feature of every element of an item and the number of features."""
-        ids, count = feature_ids(self.feature_mask, x.shape[1:])
-        return ids.to(x.device), count
+    def _features(self, units: torch.Tensor) -> tuple[torch.Tensor, int]:
+        """The feature of every element of an item (of the inputs or the layer's output) and the number of features."""
+        try:
+            ids, count = feature_ids(self.feature_mask, units.shape[1:])
+        except ValueError as exc:
+            if self.layer is None:
+                raise
+            raise ValueError(f"{exc} (the item is one item of the output of `layer` {self.layer!r})") from None
+        return ids.to(units.device), count
 
-    def _evaluator(self, x: torch.Tensor, target: Target) -> Evaluator:
+    def _evaluator(self, x: torch.Tensor, target: Target | Continuation) -> Evaluator:
         return Evaluator(
             self.model,
             type(self).__name__,
             x,
             target,
-            baseline_batch(self.baseline, x, self.model),
+            self.baseline,
             per_forward=self.perturbations_per_forward,
             reuse=self.reuse,
             show_progress=self.show_progress,
+            layer=self.layer,
         )
 
     def __repr__(self) -> str:
-        return f"{type(self).__name__}({type(self.model).__name__})"
-
-
-def shaped(attributions: torch.Tensor, x: torch.Tensor, single: bool) -> torch.Tensor:
-    """Attributions in the dtype of the inputs (float inputs) and without the batch axis a single image got."""
-    if x.is_floating_point():
-        attributions = attributions.to(x.dtype)
-    return attributions[0] if single else attributions
+        where = "" if self.layer is None else f", layer={self.layer!r}"
+        return f"{type(self).__name__}({type(self.model).__name__}{where})"

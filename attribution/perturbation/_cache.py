@@ -6,6 +6,7 @@ Whether a model takes a cache, and under which keyword, is read by :func:`attrib
 from __future__ import annotations
 
 import copy
+import itertools
 from typing import Any
 
 import torch
@@ -42,29 +43,38 @@ def prefix_cache(cache: Any, length: int, repeats: int) -> Any:
 
 
 def prefix_groups(starts: list[int], length: int, most: int) -> list[tuple[int, int]]:
-    """Split perturbations sorted by first change into runs ``[first, stop)`` of at most ``most``, cheapest overall.
+    """Cut perturbations sorted by first change into ``ceil(count / most)`` runs of ``<= most``, fewest positions.
 
-    A run from ``first`` costs one call (counted as one more row of ``length`` tokens) plus its rows times the
-    positions they run, ``length - starts[first]``; dynamic programming over the split points finds the cheapest.
+    ``ceil(count / most)`` is the number of model calls without reuse. A run from ``first`` runs its rows on positions
+    ``starts[first] .. length - 1``. More, smaller runs could run fewer positions still, but each model call has a
+    cost of its own (the forward's operations, each a parallel region of the CPU threads) that grows without bound on
+    a loaded machine: holding the number of calls keeps reuse from ever being slower than the plain re-run. Run ``r``
+    ends between ``count - (R - r) most`` and ``r most`` (``R`` runs), so dynamic programming over those boundaries
+    is ``O(R s^2)`` for a slack ``s = R most - count``.
 
     Example:
         >>> prefix_groups([0, 0, 6, 7, 7, 7], 8, 4)
         [(0, 2), (2, 6)]
     """
     count = len(starts)
-    best = [0.0] + [float("inf")] * count
-    cut = [0] * (count + 1)
-    for stop in range(1, count + 1):
-        for first in range(max(0, stop - most), stop):
-            cost = best[first] + length + (stop - first) * (length - starts[first])
-            if cost < best[stop]:
-                best[stop], cut[stop] = cost, first
-    runs = []
-    stop = count
-    while stop > 0:
-        runs.append((cut[stop], stop))
-        stop = cut[stop]
-    return runs[::-1]
+    if count == 0:
+        return []
+    runs = -(-count // most)
+    best: list[dict[int, tuple[int, int]]] = [{0: (0, 0)}]  # per run: boundary -> (positions so far, previous)
+    for r in range(1, runs + 1):
+        layer: dict[int, tuple[int, int]] = {}
+        for stop in range(max(count - (runs - r) * most, r), min(r * most, count) + 1):
+            for first, (cost, _) in best[-1].items():
+                if 0 < stop - first <= most:
+                    total = cost + (stop - first) * (length - starts[first])
+                    if stop not in layer or total < layer[stop][0]:
+                        layer[stop] = (total, first)
+        best.append(layer)
+    bounds = [count]
+    for layer in reversed(best[1:]):
+        bounds.append(layer[bounds[-1]][1])
+    bounds.reverse()
+    return list(itertools.pairwise(bounds))
 
 
 def first_changes(perturbed: torch.Tensor, x: torch.Tensor) -> torch.Tensor:

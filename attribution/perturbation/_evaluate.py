@@ -9,22 +9,24 @@ after item in the batch (row ``b * k + j`` is item ``b`` under perturbation ``j`
 
 For a causal language model that takes ``past_key_values`` (``cache`` in transformers 5.2x) and an integer or
 ``None`` target (``reuse=True``), the unperturbed run keeps its keys/values; perturbations are sorted by the first
-position they change and split into runs (:func:`~._cache.prefix_groups`), and a run whose earliest change is at
-``i`` runs only positions ``i..T-1`` on a copy of the cached positions ``< i``: exact, the same scores as a full
-re-run to float rounding. Only the last position's logits are computed (``logits_to_keep=1``) where the model can.
-A callable target gets the whole output of full runs.
+position they change and cut into as many runs as the plain re-run makes calls, at most ``per_forward`` each,
+where they run the fewest positions (:func:`~._cache.prefix_groups`); a run whose earliest change is at ``i`` runs
+only positions ``i..T-1`` on a copy of the cached positions ``< i``: exact, the same scores as a full re-run to
+float rounding, and never more model calls than it. Only the last position's logits are computed
+(``logits_to_keep=1``) where the model can. A callable target gets the whole output of full runs.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from contextlib import ExitStack
 from typing import Any
 
 import torch
 from torch import nn
 
-from hooks import tensors
+from hooks import hooked_modules, tensors
 
 from .._progress import progress
 from .._run import HookedRun, warn
@@ -37,6 +39,9 @@ from ._cache import (
     returned_cache,
     usable_cache,
 )
+from ._continuation import Continuation, continuation_scores
+from ._layer import LayerSite, close_scores
+from ._masks import Baseline, baseline_batch
 
 MEMORY_BUDGET = 2**28
 """Bytes a batch of perturbations may take at the model's largest activation (counted 3 times: in, out, spare)."""
@@ -54,11 +59,18 @@ class Evaluator:
         method: the method's name, for errors, warnings and the hook group.
         inputs: ``(batch, *item)``, floating point, or token ids ``(batch, T)``.
         target: what is explained (:mod:`attribution.targets`); for a language model (3-D logits) an integer is
-            the log-probability of that token at the last position, ``None`` the top token there.
-        baseline: ``(batch, *item)``, what perturbed elements become.
+            the log-probability of that token at the last position, ``None`` the top token there; a
+            :class:`~._continuation.Continuation` the log-probability of each of its tokens (``N`` scores per item).
+        baseline: what perturbed elements become (``baseline=`` of the methods), for the inputs or, with ``layer``,
+            for the layer's output.
         per_forward: perturbations per forward, or ``None`` for as many as fit :data:`MEMORY_BUDGET`.
         reuse: reuse a causal language model's unperturbed keys/values (see the module documentation).
         show_progress: a progress bar on long calls.
+        layer: the qualified name of a module whose output is perturbed instead of the inputs (see ``_layer.py``).
+
+    ``units`` is what the perturbations act on, ``(batch, *item)``: the inputs, or with ``layer`` the layer's
+    unperturbed output (known once the context is entered). Scores are ``(batch * outputs, ...)``: one row per item,
+    or with a continuation one per item and token (row ``b * N + i``); :meth:`result` gives attributions their shape.
     """
 
     def __init__(
@@ -66,38 +78,75 @@ class Evaluator:
         model: nn.Module,
         method: str,
         inputs: torch.Tensor,
-        target: Target,
-        baseline: torch.Tensor,
+        target: Target | Continuation,
+        baseline: Baseline,
         *,
         per_forward: int | None,
         reuse: bool = True,
         show_progress: bool = True,
+        layer: str | None = None,
     ) -> None:
-        self.model, self.method, self.x, self.baseline = model, method, inputs, baseline
+        self.model, self.method, self.x, self.layer = model, method, inputs, layer
         self.batch = inputs.shape[0]
-        check_target(target, self.batch)
-        self.target: Target = target
-        self.per_forward = per_forward
         self.keyword = None if inputs.is_floating_point() else cache_keyword(model)  # a HuggingFace LM
-        self.reuse = reuse and self.keyword is not None and not callable(target)
+        self.tokens: torch.Tensor | None = None  # (batch, N) a continuation's tokens
+        if isinstance(target, Continuation):
+            self.tokens = self._continuation(target)
+        else:
+            check_target(target, self.batch)
+        self.target: Target | Continuation = target
+        self.per_forward = per_forward
+        self.units = inputs
+        self._baseline = baseline
+        self.baseline = baseline_batch(baseline, inputs, model) if layer is None else inputs  # set on entry
+        self.reuse = reuse and layer is None and self.keyword is not None and not callable(target)
         self.last_only = self.keyword is not None and not callable(target) and takes_logits_to_keep(model)
+        self.length = inputs.shape[-1] + (0 if self.tokens is None else self.tokens.shape[1] - 1)  # positions run
         self.show_progress = show_progress
         self.forwards = 0  # model calls made, for the cost model and tests
         self.cache: Any = None
+        self.site: LayerSite | None = None
         self._run = HookedRun(model, method)
+        self._stack = ExitStack()
+
+    def _continuation(self, target: Continuation) -> torch.Tensor:
+        """A continuation's tokens ``(batch, N)``, checked: the inputs must be a causal LM's token ids."""
+        if self.keyword is None:
+            raise TypeError(
+                f"{self.method}: a `Continuation` target needs token ids (batch, P) of a HuggingFace causal language "
+                f"model (its forward takes input_ids and a key/value cache); got {type(self.model).__name__} on "
+                f"{tuple(self.x.shape)} {self.x.dtype} inputs"
+            )
+        embedding = getattr(self.model, "get_input_embeddings", lambda: None)()
+        vocabulary = getattr(embedding, "num_embeddings", None)
+        return target.rows(self.batch, self.x.device, vocabulary)
+
+    def result(self, attributions: torch.Tensor, single: bool) -> torch.Tensor:
+        """Attributions ``(batch * outputs, *item)`` shaped: ``(batch, *item)``, or ``(batch, N, *item)``."""
+        if self.units.is_floating_point():
+            attributions = attributions.to(self.units.dtype)
+        if self.tokens is not None:
+            attributions = attributions.reshape(self.batch, self.tokens.shape[1], *attributions.shape[1:])
+        return attributions[0] if single else attributions
 
     def __enter__(self) -> Evaluator:
+        hooked = {id(m) for m in hooked_modules(self.model)} if self.layer is not None else set()  # the user's
         self._run.__enter__()
         try:
+            if self.layer is not None:
+                self.site = LayerSite(self._run, self.layer, hooked, self.method)
             self.full = self._unperturbed()
         except BaseException:
-            self._run.__exit__()
+            self.__exit__()
             raise
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.cache = None
-        self._run.__exit__(*exc)
+        try:
+            self._stack.close()  # the layer's replay: every module's forward restored
+        finally:
+            self._run.__exit__(*exc)
 
     # -- the unperturbed run ------------------------------------------------------------------------------------
     def _unperturbed(self) -> torch.Tensor:
@@ -109,74 +158,102 @@ class Evaluator:
 
         handles = self._run.group.forward(list(self.model.modules()), measure)
         try:
-            output = self._call(self.x, store=self.reuse)
+            if self.site is not None:  # traced: the calls up to the layer are replayed afterwards
+                output = self.site.trace(self._call, self.x, self._stack)
+            else:
+                output = self._call(self.x, store=self.reuse)
         finally:
             for handle in handles:
                 handle.remove()
+        if self.site is not None:
+            assert self.site.activation is not None
+            self.units = self.site.activation
+            self.baseline = baseline_batch(
+                self._baseline, self.units, self.model, of=f"the outputs of `layer` {self.layer!r}"
+            )
         self.lm = _lm_logits(output) is not None and not callable(self.target)
         if self.reuse:
             assert self.keyword is not None
             cache = returned_cache(output, self.keyword)
-            self.reuse = usable_cache(cache, self.x.shape[-1])
+            self.reuse = usable_cache(cache, self.length)
             self.cache = cache if self.reuse else None
-        if not callable(self.target):
+        if not callable(self.target) and not isinstance(self.target, Continuation):
             self.target = _resolve(output, self.target, self.batch, self.lm)
-        per_item = max(largest[0], self.x[0].numel() * self.x.element_size(), 1) / self.batch
+        per_item = max(largest[0], self.units[0].numel() * self.units.element_size(), 1) / self.batch
         if self.per_forward is None:
             self.per_forward = int(max(1, min(MAX_PER_FORWARD, MEMORY_BUDGET // (3 * per_item * self.batch))))
-        return self._scores(output, 1)[:, 0]
+        full = self._scores(output, 1)[:, 0]
+        if self.site is not None and self.site.replay is not None:
+            self._check_replay(full)
+        return full
+
+    def _check_replay(self, full: torch.Tensor) -> None:
+        """Two unperturbed copies per item through the replayed run must give the unperturbed scores back."""
+        assert self.site is not None
+        try:
+            again = self._score_rows(self.units.repeat_interleave(2, 0), 2)
+        except Exception as exc:  # a replayed call's result that later code cannot take
+            self.site.stop_replay(f"made the model fail ({exc})")
+            return
+        if not close_scores(again, full[:, None].expand(-1, 2)):
+            self.site.stop_replay("did not give the unperturbed scores back")
 
     # -- perturbations ------------------------------------------------------------------------------------------
     def keep(self, keep: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
-        """Scores ``(batch, P)`` with the features where ``keep`` ``(P, M)`` is False at the baseline."""
+        """Scores ``(batch * outputs, P)`` with the features where ``keep`` ``(P, M)`` is False at the baseline."""
         keep = keep.to(ids.device)
         return self.scores(len(keep), lambda first, stop: keep[first:stop][:, ids])
 
     def scores(self, count: int, weights: Weights) -> torch.Tensor:
-        """Scores ``(batch, count)`` of the perturbations ``weights(first, stop)``, made a batch at a time."""
+        """Scores ``(batch * outputs, count)`` of the perturbations ``weights(first, stop)``, a batch at a time."""
         if count == 0:
-            return self.full.new_zeros(self.batch, 0)
-        if not self.x.is_floating_point():
+            return self.full.new_zeros(len(self.full), 0)
+        if not self.units.is_floating_point():
             return self._token_scores(weights(0, count))
         assert self.per_forward is not None
         out = []
         chunks = range(0, count, self.per_forward)
         for first in progress(chunks, desc=self.method, enabled=self.show_progress):
-            w = weights(first, min(count, first + self.per_forward)).to(self.x.device)
+            w = weights(first, min(count, first + self.per_forward)).to(self.units.device)
             out.append(self._score_rows(self._perturb(w), len(w)))
         return torch.cat(out, dim=1)
 
     def _perturb(self, w: torch.Tensor) -> torch.Tensor:
         """The rows ``(batch * k, *item)``, item after item: ``x * w + b * (1 - w)`` (a choice for booleans)."""
-        x, b = self.x[:, None], self.baseline[:, None]
-        if w.dtype == torch.bool or not self.x.is_floating_point():
+        x, b = self.units[:, None], self.baseline[:, None]
+        if w.dtype == torch.bool or not x.is_floating_point():
             rows = torch.where(w.bool()[None], x, b)
         else:
-            w = w.to(self.x.dtype)[None]
+            w = w.to(x.dtype)[None]
             rows = x * w + b * (1 - w)
         return rows.flatten(0, 1)
 
     def _token_scores(self, w: torch.Tensor) -> torch.Tensor:
         """Token-id perturbations, sorted by their first change and run on the cached prefix where possible."""
         assert self.per_forward is not None
-        count, length = len(w), self.x.shape[-1]
+        count, prompt = len(w), self.x.shape[-1]
         perturbed = torch.where(w.bool().to(self.x.device)[None], self.x[:, None], self.baseline[:, None])
         starts = first_changes(perturbed, self.x) if self.reuse else torch.zeros(count, dtype=torch.long)
         order = torch.sort(starts.cpu(), stable=True).indices
-        result = self.full.new_empty(self.batch, count)
-        runs = prefix_groups(starts.cpu()[order].tolist(), length, self.per_forward) if self.reuse else None
+        result = self.full.new_empty(len(self.full), count)
+        runs = prefix_groups(starts.cpu()[order].tolist(), self.length, self.per_forward) if self.reuse else None
         if runs is None:
             runs = [(i, min(count, i + self.per_forward)) for i in range(0, count, self.per_forward)]
         for first, stop in progress(runs, desc=self.method, enabled=self.show_progress):
             chunk = order[first:stop].to(self.x.device)
-            start = min(int(starts[chunk[0]]), length - 1)
+            start = min(int(starts[chunk[0]]), prompt - 1)  # the last prompt position predicts the first token
             rows = perturbed[:, chunk].flatten(0, 1)
             result[:, chunk.to(result.device)] = self._score_rows(rows, len(chunk), start=start)
         return result
 
     def _score_rows(self, rows: torch.Tensor, k: int, *, start: int = 0) -> torch.Tensor:
-        """Scores ``(batch, k)`` of ``batch * k`` rows; with ``start``, positions ``start..`` run on the cache."""
-        if start > 0:
+        """Scores ``(batch, k)`` of ``batch * k`` rows; with ``start``, positions ``start..`` run on the cache.
+
+        With a layer, the rows are the layer's output and the model runs on the inputs repeated ``k`` times.
+        """
+        if self.site is not None:
+            output = self.site.forward(self._call, self.x, rows, k)
+        elif start > 0:
             cache = prefix_cache(self.cache, start, k)
             output = self._call(rows[:, start:], cache=cache)
         else:
@@ -184,20 +261,30 @@ class Evaluator:
         return self._scores(output, k)
 
     def _call(self, rows: torch.Tensor, *, store: bool = False, cache: Any = None) -> Any:
-        """One model call; a HuggingFace LM gets ``input_ids=``, the cache, ``use_cache`` and ``logits_to_keep``."""
+        """One model call; a HuggingFace LM gets ``input_ids=``, the cache, ``use_cache`` and ``logits_to_keep``.
+
+        With a continuation, its tokens but the last follow every row (rows are item after item).
+        """
         self.forwards += 1
         if self.keyword is None:
             return self._run.forward(rows)
+        if self.tokens is not None:
+            rows = torch.cat([rows, self.tokens[:, :-1].repeat_interleave(len(rows) // self.batch, 0)], 1)
         inputs: dict[str, Any] = {"input_ids": rows, "use_cache": store or cache is not None}
         if cache is not None:
             inputs[self.keyword] = cache
-        if self.last_only:
-            inputs["logits_to_keep"] = 1  # only the last position's logits are read: exact, and less work
+        if self.last_only:  # only the last positions' logits are read: exact, and less work
+            inputs["logits_to_keep"] = 1 if self.tokens is None else self.tokens.shape[1]
         return self._run.forward(inputs)
 
     def _scores(self, output: Any, k: int) -> torch.Tensor:
-        """The ``(batch, k)`` target scores of an output of ``batch * k`` rows (item after item)."""
+        """The ``(batch * outputs, k)`` target scores of an output of ``batch * k`` rows (item after item)."""
         rows = self.batch * k
+        if self.tokens is not None:
+            logits = _lm_logits(output)
+            if logits is None:
+                raise TypeError(f"{self.method}: a `Continuation` target needs a model whose output has `.logits`")
+            return continuation_scores(logits, self.tokens, k)
         target = self.target
         if not callable(target):
             assert isinstance(target, torch.Tensor)

@@ -68,8 +68,10 @@ def default_token(model: nn.Module) -> int:
     return 0
 
 
-def baseline_batch(baseline: Baseline, x: torch.Tensor, model: nn.Module) -> torch.Tensor:
+def baseline_batch(baseline: Baseline, x: torch.Tensor, model: nn.Module, *, of: str = "`inputs`") -> torch.Tensor:
     """The baseline expanded to ``x`` ``(batch, ...)``, checked (float inputs: 0 by default; token ids: a token).
+
+    ``of`` names ``x`` in errors (the output of a ``layer``, where that is what is perturbed).
 
     Example:
         >>> baseline_batch(torch.tensor([1.0, 2.0]), torch.zeros(3, 2), torch.nn.Identity())
@@ -81,7 +83,7 @@ def baseline_batch(baseline: Baseline, x: torch.Tensor, model: nn.Module) -> tor
         baseline = 0 if x.is_floating_point() else default_token(model)
     if isinstance(baseline, (int, float)) and not isinstance(baseline, bool):
         if not x.is_floating_point() and not float(baseline).is_integer():
-            raise TypeError(f"`baseline` {baseline} is not a token id, but `inputs` are {x.dtype} ids")
+            raise TypeError(f"`baseline` {baseline} is not a token id, but {of} are {x.dtype} ids")
         return torch.full_like(x, baseline)
     base: Any = baseline(x) if callable(baseline) else baseline
     what = "the baseline that `baseline` returned" if callable(baseline) else "`baseline`"
@@ -89,11 +91,11 @@ def baseline_batch(baseline: Baseline, x: torch.Tensor, model: nn.Module) -> tor
         raise TypeError(f"{what} must be a number or a tensor; got {type(base).__name__}")
     if tuple(base.shape) not in (tuple(x.shape), tuple(x.shape[1:]), (1, *x.shape[1:])):
         raise ValueError(
-            f"{what} has shape {tuple(base.shape)}, but `inputs` are {tuple(x.shape)}: give a baseline shaped like "
+            f"{what} has shape {tuple(base.shape)}, but {of} are {tuple(x.shape)}: give a baseline shaped like "
             f"one item {tuple(x.shape[1:])}, like the batch {tuple(x.shape)}, or a number"
         )
     if base.is_floating_point() != x.is_floating_point():
-        raise TypeError(f"{what} is {base.dtype} but `inputs` are {x.dtype}: give a baseline of the inputs' kind")
+        raise TypeError(f"{what} is {base.dtype} but {of} are {x.dtype}: give a baseline of the same kind")
     return base.to(device=x.device, dtype=x.dtype).expand_as(x).clone()
 
 

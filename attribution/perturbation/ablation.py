@@ -6,7 +6,8 @@ import torch
 from torch import nn
 
 from ..targets import Target
-from ._base import PerturbationMethod, shaped
+from ._base import PerturbationMethod
+from ._continuation import Continuation
 from ._evaluate import nan_items
 from ._masks import Baseline
 
@@ -29,6 +30,10 @@ class FeatureAblation(PerturbationMethod):
         perturbations_per_forward: perturbations per model call; ``None``: as many as fit the memory budget.
         reuse: reuse a causal language model's unperturbed keys/values.
         show_progress: a progress bar for calls that take more than a second.
+        layer: ``None`` (the inputs), or one module (its name, or the module) whose output is perturbed instead:
+            the feature mask and the baseline then apply to one item of its output ``(batch, *item)``, the
+            attributions are shaped like that output, and the model runs up to the layer once (later forwards
+            replay that part and run only what follows; see ``docs/methods/perturbation.rst``).
 
     Example:
         >>> import torch
@@ -49,6 +54,7 @@ class FeatureAblation(PerturbationMethod):
         perturbations_per_forward: int | None = None,
         reuse: bool = True,
         show_progress: bool = True,
+        layer: str | nn.Module | None = None,
     ) -> None:
         super().__init__(
             model,
@@ -57,15 +63,16 @@ class FeatureAblation(PerturbationMethod):
             perturbations_per_forward=perturbations_per_forward,
             reuse=reuse,
             show_progress=show_progress,
+            layer=layer,
         )
 
-    def __call__(self, inputs: torch.Tensor, target: Target = None) -> torch.Tensor:
-        """The attributions, shaped like ``inputs``."""
+    def __call__(self, inputs: torch.Tensor, target: Target | Continuation = None) -> torch.Tensor:
+        """The attributions, shaped like ``inputs`` (like the layer's output with ``layer``)."""
         x, single = self._inputs(inputs)
-        ids, count = self._features(x)
         with self._evaluator(x, target) as run:
+            ids, count = self._features(run.units)
             scores = run.keep(~torch.eye(count, dtype=torch.bool), ids)
         self.forwards = run.forwards
         attributions = (run.full[:, None] - scores)[:, ids]
         attributions = nan_items(attributions, torch.cat([run.full[:, None], scores], 1), "FeatureAblation")
-        return shaped(attributions, x, single)
+        return run.result(attributions, single)

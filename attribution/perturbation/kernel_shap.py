@@ -6,7 +6,8 @@ import torch
 from torch import nn
 
 from ..targets import Target
-from ._base import PerturbationMethod, shaped
+from ._base import PerturbationMethod
+from ._continuation import Continuation
 from ._evaluate import nan_items
 from ._masks import Baseline
 from ._regression import shapley_kernel, weighted_least_squares
@@ -96,7 +97,7 @@ class KernelSHAP(PerturbationMethod):
         self.samples = samples
         self.seed = seed
 
-    def __call__(self, inputs: torch.Tensor, target: Target = None) -> torch.Tensor:
+    def __call__(self, inputs: torch.Tensor, target: Target | Continuation = None) -> torch.Tensor:
         """The attributions, shaped like ``inputs``."""
         x, single = self._inputs(inputs)
         ids, count = self._features(x)
@@ -110,7 +111,7 @@ class KernelSHAP(PerturbationMethod):
         else:
             phi = kernel_shap_solution(keep, weights, values, empty, run.full)
         attributions = nan_items(phi.to(scores.dtype)[:, ids], torch.cat([run.full[:, None], scores], 1), "KernelSHAP")
-        return shaped(attributions, x, single)
+        return run.result(attributions, single)
 
     def _coalitions(self, count: int) -> tuple[torch.Tensor, torch.Tensor]:
         """The coalitions to evaluate ``(n, M)`` and their regression weights ``(n,)``."""

@@ -6,7 +6,8 @@ import torch
 from torch import nn
 
 from ..targets import Target
-from ._base import PerturbationMethod, shaped
+from ._base import PerturbationMethod
+from ._continuation import Continuation
 from ._evaluate import nan_items
 from ._masks import Baseline
 from ._regression import binary_cosine_kernel, cosine_kernel, weighted_least_squares
@@ -73,7 +74,7 @@ class LIME(PerturbationMethod):
         self.kernel_width = float(kernel_width)
         self.seed = seed
 
-    def __call__(self, inputs: torch.Tensor, target: Target = None) -> torch.Tensor:
+    def __call__(self, inputs: torch.Tensor, target: Target | Continuation = None) -> torch.Tensor:
         """The attributions (the surrogate's coefficients), shaped like ``inputs``."""
         x, single = self._inputs(inputs)
         ids, count = self._features(x)
@@ -90,4 +91,4 @@ class LIME(PerturbationMethod):
         coefficients = weighted_least_squares(keep, scores, weights, intercept=True)[:, :-1]
         values = torch.cat([run.full[:, None], scores], 1)
         attributions = nan_items(coefficients.to(scores.dtype)[:, ids], values, "LIME")
-        return shaped(attributions, x, single)
+        return run.result(attributions, single)

@@ -8,7 +8,8 @@ import torch
 from torch import nn
 
 from ..targets import Target
-from ._base import PerturbationMethod, shaped
+from ._base import PerturbationMethod
+from ._continuation import Continuation
 from ._evaluate import nan_items
 from ._masks import Baseline, occlusion_starts, sizes, window_masks
 
@@ -29,6 +30,10 @@ class Occlusion(PerturbationMethod):
             a callable ``inputs -> baseline``.
         perturbations_per_forward: windows per model call; ``None``: as many as fit the memory budget.
         show_progress: a progress bar for calls that take more than a second.
+        layer: ``None`` (the inputs), or one module (its name, or the module) whose output is perturbed instead:
+            the window, the stride and the baseline then apply to one item of its output ``(batch, *item)``, the
+            attributions are shaped like that output, and the model runs up to the layer once (later forwards
+            replay that part and run only what follows; see ``docs/methods/perturbation.rst``).
 
     Example:
         >>> import torch
@@ -51,6 +56,7 @@ class Occlusion(PerturbationMethod):
         perturbations_per_forward: int | None = None,
         reuse: bool = True,
         show_progress: bool = True,
+        layer: str | nn.Module | None = None,
     ) -> None:
         super().__init__(
             model,
@@ -58,21 +64,24 @@ class Occlusion(PerturbationMethod):
             perturbations_per_forward=perturbations_per_forward,
             reuse=reuse,
             show_progress=show_progress,
+            layer=layer,
         )
         self.window = window
         self.stride = stride
 
-    def __call__(self, inputs: torch.Tensor, target: Target = None) -> torch.Tensor:
-        """The attributions, shaped like ``inputs``."""
+    def __call__(self, inputs: torch.Tensor, target: Target | Continuation = None) -> torch.Tensor:
+        """The attributions, shaped like ``inputs`` (like the layer's output with ``layer``)."""
         x, single = self._inputs(inputs)
-        item = tuple(x.shape[1:])
-        window, stride = self._sizes(item)
-        corners = occlusion_starts(item, window, stride)
+        if self.layer is None:
+            self._sizes(tuple(x.shape[1:]))  # a window that does not fit fails before any forward
         with self._evaluator(x, target) as run:
+            item = tuple(run.units.shape[1:])
+            window, stride = self._sizes(item)
+            corners = occlusion_starts(item, window, stride)
             scores = run.scores(len(corners), lambda first, stop: ~window_masks(item, window, corners[first:stop]))
         self.forwards = run.forwards
         drops = run.full[:, None] - scores
-        total = drops.new_zeros(x.shape[0], *item)
+        total = drops.new_zeros(len(drops), *item)
         count = drops.new_zeros(item)
         for k, corner in enumerate(corners):
             where = tuple(slice(c, c + w) for c, w in zip(corner, window, strict=True))
@@ -80,7 +89,7 @@ class Occlusion(PerturbationMethod):
             total[index] += drops[:, k].view(-1, *([1] * len(item)))
             count[where] += 1
         attributions = nan_items(total / count, torch.cat([run.full[:, None], scores], 1), "Occlusion")
-        return shaped(attributions, x, single)
+        return run.result(attributions, single)
 
     def _sizes(self, item: tuple[int, ...]) -> tuple[tuple[int, ...], tuple[int, ...]]:
         window = sizes(self.window, item, "`window`")

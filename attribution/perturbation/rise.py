@@ -8,7 +8,7 @@ import torch
 from torch import nn
 
 from ..targets import Target
-from ._base import PerturbationMethod, shaped
+from ._base import PerturbationMethod
 from ._evaluate import nan_items
 from ._masks import rise_masks
 
@@ -84,7 +84,7 @@ class RISE(PerturbationMethod):
             total += torch.einsum("bk,khw->bhw", scores[:, first:stop].double(), m)
         saliency = (total / (self.masks * self.p)).view(x.shape[0], *lead, h, w).expand_as(x).contiguous()
         saliency = nan_items(saliency, torch.cat([run.full[:, None], scores], 1), "RISE")
-        return shaped(saliency, x, single)
+        return run.result(saliency, single)
 
     def _draw(self, h: int, w: int) -> tuple[torch.Tensor, torch.Tensor]:
         """The binary grids ``(N, s, s)`` and the shifts ``(N, 2)``, from a generator seeded with ``seed``."""

@@ -8,7 +8,8 @@ import torch
 from torch import nn
 
 from ..targets import Target
-from ._base import PerturbationMethod, shaped
+from ._base import PerturbationMethod
+from ._continuation import Continuation
 from ._evaluate import nan_items
 from ._masks import Baseline
 
@@ -112,7 +113,7 @@ class ShapleyValues(PerturbationMethod):
             show_progress=show_progress,
         )
 
-    def __call__(self, inputs: torch.Tensor, target: Target = None) -> torch.Tensor:
+    def __call__(self, inputs: torch.Tensor, target: Target | Continuation = None) -> torch.Tensor:
         """The attributions, shaped like ``inputs``."""
         x, single = self._inputs(inputs)
         ids, count = self._features(x)
@@ -127,7 +128,7 @@ class ShapleyValues(PerturbationMethod):
         self.forwards = run.forwards
         values = torch.cat([scores, run.full[:, None]], 1)
         attributions = nan_items(exact_shapley(values, count)[:, ids], values, "ShapleyValues")
-        return shaped(attributions, x, single)
+        return run.result(attributions, single)
 
 
 class ShapleyValueSampling(PerturbationMethod):
@@ -149,6 +150,10 @@ class ShapleyValueSampling(PerturbationMethod):
         perturbations_per_forward: perturbations per model call; ``None``: as many as fit the memory budget.
         reuse: reuse a causal language model's unperturbed keys/values.
         show_progress: a progress bar for calls that take more than a second.
+        layer: ``None`` (the inputs), or one module (its name, or the module) whose output is perturbed instead:
+            the feature mask and the baseline then apply to one item of its output ``(batch, *item)``, the
+            attributions are shaped like that output, and the model runs up to the layer once (later forwards
+            replay that part and run only what follows; see ``docs/methods/perturbation.rst``).
 
     Example:
         >>> import torch
@@ -171,6 +176,7 @@ class ShapleyValueSampling(PerturbationMethod):
         perturbations_per_forward: int | None = None,
         reuse: bool = True,
         show_progress: bool = True,
+        layer: str | nn.Module | None = None,
     ) -> None:
         super().__init__(
             model,
@@ -179,24 +185,25 @@ class ShapleyValueSampling(PerturbationMethod):
             perturbations_per_forward=perturbations_per_forward,
             reuse=reuse,
             show_progress=show_progress,
+            layer=layer,
         )
         if isinstance(samples, bool) or not isinstance(samples, int) or samples < 1:
             raise ValueError(f"`samples` must be an integer >= 1; got {samples!r}")
         self.samples = samples
         self.seed = seed
 
-    def __call__(self, inputs: torch.Tensor, target: Target = None) -> torch.Tensor:
-        """The attributions, shaped like ``inputs``."""
+    def __call__(self, inputs: torch.Tensor, target: Target | Continuation = None) -> torch.Tensor:
+        """The attributions, shaped like ``inputs`` (like the layer's output with ``layer``)."""
         x, single = self._inputs(inputs)
-        ids, count = self._features(x)
-        generator = torch.Generator().manual_seed(self.seed)
-        permutations = torch.stack([torch.randperm(count, generator=generator) for _ in range(self.samples)])
-        chains = permutation_chains(permutations)  # (n, M - 1, M)
         with self._evaluator(x, target) as run:
+            ids, count = self._features(run.units)
+            generator = torch.Generator().manual_seed(self.seed)
+            permutations = torch.stack([torch.randperm(count, generator=generator) for _ in range(self.samples)])
+            chains = permutation_chains(permutations)  # (n, M - 1, M)
             keep = torch.cat([torch.zeros(1, count, dtype=torch.bool), chains.flatten(0, 1)])
             scores = run.keep(keep, ids)
         self.forwards = run.forwards
-        batch, n = x.shape[0], self.samples
+        batch, n = len(run.full), self.samples  # items, or items x continuation tokens
         empty, steps = scores[:, :1], scores[:, 1:].reshape(batch, n, count - 1)
         chain = torch.cat(
             [empty.expand(batch, n).unsqueeze(2), steps, run.full.view(batch, 1, 1).expand(batch, n, 1)], 2
@@ -206,4 +213,4 @@ class ShapleyValueSampling(PerturbationMethod):
         total.scatter_add_(1, permutations.to(gains.device).flatten()[None].expand(batch, -1), gains.flatten(1))
         values = torch.cat([run.full[:, None], scores], 1)
         attributions = nan_items((total / n)[:, ids], values, "ShapleyValueSampling")
-        return shaped(attributions, x, single)
+        return run.result(attributions, single)

@@ -2,16 +2,18 @@
 
 from __future__ import annotations
 
-import re
+import itertools
 from types import SimpleNamespace
 
 import pytest
 import torch
 
 from attribution import LIME, FeatureAblation, KernelSHAP, ShapleyValues, ShapleyValueSampling
+from attribution.perturbation._cache import prefix_groups
 from attribution.perturbation._masks import default_token
 
 from ..models import lm64
+from .tokenizer import NumberTokenizer
 
 ROUNDING = {"rtol": 1e-9, "atol": 1e-11}  # the cached and the full attention sum in another order
 IDS = torch.tensor([[5, 9, 3, 17, 22, 8, 30, 11, 2], [1, 12, 3, 4, 25, 6, 7, 38, 9]])
@@ -35,7 +37,7 @@ def tokens_run(model, method, ids, target):
 @pytest.mark.parametrize(
     ("name", "per_forward"), [("ablation", 1), ("ablation", 3), ("ablation", None), ("sampling", 4), ("kernel", None)]
 )
-def test_prefix_reuse_equals_the_plain_rerun_and_runs_fewer_positions(model, name, per_forward):
+def test_prefix_reuse_equals_the_plain_rerun_with_as_many_calls_and_fewer_positions(model, name, per_forward):
     mask = torch.tensor([0, 1, 1, 2, 3, 3, 4, 5, 6])
     build = {
         "ablation": lambda reuse: FeatureAblation(model, mask, 0, perturbations_per_forward=per_forward, reuse=reuse),
@@ -46,10 +48,15 @@ def test_prefix_reuse_equals_the_plain_rerun_and_runs_fewer_positions(model, nam
             model, mask, 0, samples=20, perturbations_per_forward=per_forward, reuse=reuse
         ),
     }[name]
-    reused, cheap = tokens_run(model, build(True), IDS, 7)
-    plain, full = tokens_run(model, build(False), IDS, 7)
+    reusing, plain_method = build(True), build(False)
+    reused, cheap = tokens_run(model, reusing, IDS, 7)
+    plain, full = tokens_run(model, plain_method, IDS, 7)
     torch.testing.assert_close(reused, plain, **ROUNDING)
-    assert cheap < full
+    assert reusing.forwards == plain_method.forwards  # never more model calls than the plain re-run
+    if per_forward is None:  # every perturbation fits one call, which must start at the first token
+        assert cheap == full
+    else:
+        assert cheap < full
 
 
 def test_an_integer_target_is_the_log_probability_of_that_token_at_the_last_position(model):
@@ -92,28 +99,6 @@ def test_the_default_baseline_token_is_pad_then_eos_then_zero():
 
 
 # -- captum's LLMAttribution -----------------------------------------------------------------------------------
-class NumberTokenizer:
-    """Token ids written as numbers, ``"3 5 7"`` for ``[3, 5, 7]``: what captum's LLMAttribution asks of a tokenizer."""
-
-    def encode(self, text, return_tensors=None, add_special_tokens=True):
-        ids = [int(t) for t in text.split()]
-        return torch.tensor([ids]) if return_tensors == "pt" else ids
-
-    def decode(self, ids):
-        ids = ids.tolist() if isinstance(ids, torch.Tensor) else ids
-        return " ".join(str(i) for i in ([ids] if isinstance(ids, int) else ids))
-
-    def __call__(self, text, return_offsets_mapping=False, add_special_tokens=True, **kwargs):
-        spans = [(m.start(), m.end()) for m in re.finditer(r"\S+", text)]
-        return {"input_ids": [int(text[a:b]) for a, b in spans], "offset_mapping": spans}
-
-    def convert_ids_to_tokens(self, ids):
-        return [str(i) for i in ids]
-
-    def convert_tokens_to_ids(self, tokens):
-        return [int(t) for t in tokens]
-
-
 @pytest.mark.peers
 @pytest.mark.slow
 @pytest.mark.parametrize("name", ["FeatureAblation", "ShapleyValueSampling"])
@@ -131,3 +116,24 @@ def test_parity_with_captums_llm_attribution(model, name):
         got = ShapleyValueSampling(model, baseline=0, samples=3, seed=4)(ids, target=7)
     # captum accumulates and returns float32
     torch.testing.assert_close(got[0], expected, rtol=1e-6, atol=1e-7, check_dtype=False)
+
+
+def test_the_runs_are_as_many_as_the_plain_calls_and_run_the_fewest_positions():
+    generator = torch.Generator().manual_seed(0)
+    for _ in range(40):
+        count = int(torch.randint(1, 9, (1,), generator=generator))
+        most = int(torch.randint(1, 5, (1,), generator=generator))
+        starts = sorted(torch.randint(0, 6, (count,), generator=generator).tolist())
+        runs = prefix_groups(starts, 6, most)
+        calls = -(-count // most)
+
+        def cost(bounds, starts=starts):
+            return sum((b - a) * (6 - starts[a]) for a, b in itertools.pairwise(bounds))
+
+        splits = [
+            (0, *cut, count)
+            for cut in itertools.combinations(range(1, count), calls - 1)
+            if all(0 < b - a <= most for a, b in itertools.pairwise((0, *cut, count)))
+        ]
+        assert len(runs) == calls and all(0 < b - a <= most for a, b in runs)
+        assert cost([a for a, _ in runs] + [count]) == min(cost(s) for s in splits)
