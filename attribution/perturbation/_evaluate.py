@@ -12,8 +12,8 @@ For a causal language model that takes ``past_key_values`` (``cache`` in transfo
 position they change and cut into as many runs as the plain re-run makes calls, at most ``per_forward`` each,
 where they run the fewest positions (:func:`~._cache.prefix_groups`); a run whose earliest change is at ``i`` runs
 only positions ``i..T-1`` on a copy of the cached positions ``< i``: exact, the same scores as a full re-run to
-float rounding, and never more model calls than it. Only the last position's logits are computed (``logits_to_keep=1``) where the model can.
-A callable target gets the whole output of full runs.
+float rounding, and never more model calls than it. Only the last position's logits are computed
+(``logits_to_keep=1``) where the model can. A callable target gets the whole output of full runs.
 """
 
 from __future__ import annotations
