@@ -22,6 +22,8 @@ from .occlusion import Occlusion
 from .rise import RISE
 from .shapley import ShapleyValues, ShapleyValueSampling
 
+Continuation.__module__ = __name__  # documented (and named in signatures) as attribution.perturbation.Continuation
+
 __all__ = [
     "LIME",
     "RISE",

@@ -33,6 +33,7 @@ class Continuation:
     """
 
     tokens: torch.Tensor
+    """The continuation's token ids, ``(N,)`` or ``(batch, N)``."""
 
     def rows(self, batch: int, device: torch.device, vocabulary: int | None) -> torch.Tensor:
         """The tokens as ``(batch, N)`` long ids on ``device``, checked."""
