@@ -7,6 +7,7 @@ Where things are in a model is found in this package and nowhere else:
   their kind, the final norm, the unembedding, a parallel residual or not, Gemma's soft-capping, whether the forward
   takes a key/value cache (:func:`cache_keyword`). Unknown models are read with explicit names, the same
   keywords everywhere.
+* :func:`gated_mlps`: every gated MLP of any model (``gate_proj``/``up_proj``/``down_proj`` and the activation).
 * :func:`vit_layout`: a timm or torchvision Vision Transformer's patch embedding, tokens, blocks.
 * :func:`find_attention`: where the attention probabilities appear (rollout), and :func:`attention_visible` to see
   them for one call.
@@ -27,6 +28,7 @@ from .lm import (
     MLPLayout,
     cache_keyword,
     check_heads,
+    gated_mlps,
     heads_at,
     lm_layout,
     logit_softcap,
@@ -51,6 +53,7 @@ __all__ = [
     "check_heads",
     "execution_device",
     "find_attention",
+    "gated_mlps",
     "has_offloaded_weights",
     "heads_at",
     "is_hf_attention",

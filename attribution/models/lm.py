@@ -42,6 +42,7 @@ _CHILDREN: dict[str, tuple[str, ...]] = {
     "act": ("act_fn", "act", "activation_fn", "activation"),
 }
 _MLP_KEYS = ("gate", "up", "down", "fc", "proj", "act")
+_GATED_KEYS = ("gate", "up", "down", "act")
 _FINAL_NORMS = ("norm", "ln_f", "final_layer_norm", "final_layernorm", "norm_f")
 _PARALLEL_TYPES = ("phi", "gptj", "falcon", "cohere")
 
@@ -298,6 +299,30 @@ def _mlp(modules: dict[str, nn.Module], mlp: str, names: Mapping[str, str]) -> M
     if "fc" in found and "proj" in found:
         return MLPLayout(mlp, "plain", found["fc"], found["proj"], act)
     return None
+
+
+def gated_mlps(model: nn.Module) -> tuple[MLPLayout, ...]:
+    """Every gated MLP of any model: a module with ``gate_proj``, ``up_proj`` and ``down_proj`` children.
+
+    The product ``act(gate(x)) * up(x)`` happens inside such a module's ``forward``; rules that need both factors
+    (DeepLIFT's average rule) hook the activation module (``act`` here, one of the spellings :func:`lm_layout`
+    knows; ``None`` where the MLP calls a function), the up projection, and the down projection's input.
+
+    Example:
+        >>> import transformers
+        >>> config = transformers.LlamaConfig(vocab_size=20, hidden_size=16, intermediate_size=32,
+        ...     num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2)
+        >>> mlp = gated_mlps(transformers.LlamaForCausalLM(config))[1]
+        >>> mlp.act, mlp.up, mlp.down
+        ('model.layers.1.mlp.act_fn', 'model.layers.1.mlp.up_proj', 'model.layers.1.mlp.down_proj')
+    """
+    modules = dict(eager_module(model).named_modules())
+    found = []
+    for name in modules:
+        gate, up, down, act = (_qualified(name, _child(modules, name, _CHILDREN[key])) for key in _GATED_KEYS)
+        if gate and up and down:
+            found.append(MLPLayout(name, "gated", up, down, act, gate=gate))
+    return tuple(found)
 
 
 def _qkv_order(name: str) -> QKVOrder:

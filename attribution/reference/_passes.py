@@ -28,9 +28,9 @@ def deeplift_pass(
 ) -> Pass:
     """One forward of ``[x; ref]`` with DeepLIFT's rules and one backward from the inputs' target scores."""
     batch = x.shape[0]
-    rules = plan(model, eps)
+    planned = plan(model, eps)
     with HookedRun(model, method, with_grad=True) as run:
-        Wiring(run.group, rules, batch)
+        Wiring(run.group, planned, batch)
         leaf = run.leaf(x)
         output = run.forward(torch.cat([leaf, ref]))
         out_x, out_r = halves(output, batch)

@@ -26,7 +26,8 @@ class DeepLift:
 
     The inputs and the baselines run as one batch; every nonlinearity's gradient is replaced by its DeepLIFT
     multiplier (:mod:`attribution.reference.rules`: Rescale for elementwise activations, captum's max-pool rule,
-    a softmax rule, LayerNorm/RMSNorm with the scale held constant), and the attributions are
+    a softmax rule, LayerNorm/RMSNorm with the scale held constant, the average rule on a gated MLP's
+    ``act(gate(x)) * up(x)``), and the attributions are
     ``(x - baseline) * m``, ``m`` the multiplier of the target score ``S`` with respect to the input. Linear layers
     keep their gradient. For ``nn.ReLU``/``Sigmoid``/``Tanh``/``ELU``/``LeakyReLU``/``Softplus`` networks with
     ``nn.MaxPool`` this is captum's ``DeepLift`` (to rounding), also for modules called several times (captum
@@ -38,8 +39,8 @@ class DeepLift:
     they keep their gradient, and the delta shows it.
 
     Args:
-        model: the network; nonlinear modules no rule covers (adaptive max pools, ``nn.MultiheadAttention``, gated
-            MLPs, ...) are refused at the call.
+        model: the network; nonlinear modules no rule covers (adaptive max pools, ``nn.MultiheadAttention``, ...)
+            are refused at the call.
         baseline: the reference: a number, a tensor shaped like the inputs, like one item or ``(1, ...)``, or a
             callable ``inputs -> baseline``. Default 0.
         multiply_by_inputs: return ``(x - baseline) * m`` (``True``, captum's default) or the multipliers ``m``.

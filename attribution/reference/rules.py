@@ -31,7 +31,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from ..models import weight
+from ..models import norm_eps, weight
 from . import _math
 from ._functions import Step, module_vjp
 
@@ -157,7 +157,7 @@ class FrozenScale(Rule):
                 return (gw - gw.mean(dim=dims, keepdim=True)) / std
 
             return layer_norm
-        eps = _norm_eps(module, x)
+        eps = norm_eps(module, default=float(torch.finfo(x.dtype).eps))  # nn.RMSNorm's eps=None: torch's default
         scale = _rms_gain(module, x, eps) * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)
         if not torch.allclose(scale * x, y, rtol=1e-3, atol=1e-5 * float(y.abs().max())):
             raise ValueError(
@@ -166,12 +166,6 @@ class FrozenScale(Rule):
                 "nn.RMSNorm)"
             )
         return lambda g: g * scale
-
-
-def _norm_eps(module: nn.Module, x: torch.Tensor) -> float:
-    """An RMSNorm's ``eps``: ``variance_epsilon`` (HuggingFace), ``eps``, or ``torch.finfo`` for ``eps=None``."""
-    eps = getattr(module, "variance_epsilon", getattr(module, "eps", None))
-    return float(torch.finfo(x.dtype).eps) if eps is None else float(eps)
 
 
 def _rms_gain(module: nn.Module, x: torch.Tensor, eps: float) -> torch.Tensor:

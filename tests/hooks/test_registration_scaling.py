@@ -66,7 +66,9 @@ def test_a_registration_does_the_same_work_however_many_hooks_are_there():
 
 @pytest.mark.parametrize("kind", ["forward", "forward_pre"])
 def test_each_registration_leaves_a_bounded_number_of_tracked_objects(kind):
-    assert _tracked_per_registration(kind) <= PER_REGISTRATION
+    # the fewest of three counts: an object that something else makes once (a lazily filled cache after a thousand
+    # other tests) lands in one count only, while what each registration keeps is in every count
+    assert min(_tracked_per_registration(kind) for _ in range(3)) <= PER_REGISTRATION
 
 
 def test_registering_and_removing_one_name_at_a_time_makes_no_garbage():
