@@ -10,6 +10,7 @@ from torch import nn
 from .. import _maps
 from .._progress import progress as progress_bar
 from .._run import HookedRun, SiteValueError, kept_state, warn
+from ..perturbation import FeatureAblation
 from ..targets import Target, class_indices, class_logits
 from . import _math as cm
 from ._base import CAM, Layers, Reshape
@@ -105,11 +106,13 @@ class AblationCAM(CAM):
 
     For each channel ``k`` of the layer's output ``A``: ``y_k``, the target score with channel ``k`` set to zero, and
     the weight ``w_k = (y - y_k) / y`` (``y`` the target score); ``L = ReLU(sum_k w_k A_k)``. The channels are
-    ablated ``batch_size`` at a time: the item runs through the model once per batch of channels, up to the layer at
-    batch size 1, and the layer's output is replaced by ``batch_size`` copies, each with one channel zeroed, so only
-    what follows the layer runs on the batch (pytorch-grad-cam runs the whole model on the batch). Modules after the
-    layer that read a tensor from before it (a skip connection around it) see it at batch size 1 and broadcast; a
-    model whose later code cannot broadcast raises. No gradients. ``progress=False`` hides the progress bar.
+    ablated ``batch_size`` at a time. For a layer the model calls once this is
+    :class:`~attribution.perturbation.FeatureAblation` at the layer with one feature per channel: the model runs up
+    to the layer once, and only what follows it runs on the ablated copies (pytorch-grad-cam runs the whole model on
+    every batch). For a layer called several times (``call=``), the item runs up to the layer once per batch of
+    channels at batch size 1, and the chosen call's output is replaced by the ablated copies; modules after the
+    layer that read a tensor from before it see it at batch size 1 and broadcast, and a model whose later code
+    cannot broadcast raises. No gradients. ``progress=False`` hides the progress bar.
 
     pytorch-grad-cam zeroes the channel only when the layer's output has 0 as its minimum (after a ReLU) and sets it
     to ``min - 1e7`` otherwise; here it is always zeroed, the paper's definition. Where ``y = 0`` the weights are
@@ -167,7 +170,7 @@ class AblationCAM(CAM):
                     f"`layer` {name!r} returned {tuple(acts.shape)}; Ablation-CAM zeroes channels of a (batch, "
                     "channels, h, w) output: choose a convolutional layer"
                 )
-            ablated = self._ablated_scores(inputs, name, which, acts, target, index)
+            ablated = self._ablated_scores(inputs, name, which, acts, target, index, len(calls), score)
             weights = cm.ablation_weights(score, ablated)
             maps[name] = cm.weighted(_maps.at_least_float32(acts), weights.to(_maps.at_least_float32(acts).dtype))
             zero = (score == 0).nonzero().flatten().tolist()
@@ -180,9 +183,34 @@ class AblationCAM(CAM):
         return maps
 
     def _ablated_scores(
-        self, inputs: torch.Tensor, name: str, which: int, acts: torch.Tensor, target: Target, index: Any
+        self,
+        inputs: torch.Tensor,
+        name: str,
+        which: int,
+        acts: torch.Tensor,
+        target: Target,
+        index: Any,
+        calls: int,
+        score: torch.Tensor,
     ) -> torch.Tensor:
-        """``y_k`` of every item and channel, ``(batch, channels)``: one forward per item and batch of channels."""
+        """``y_k`` of every item and channel, ``(batch, channels)``.
+
+        A layer called once: :class:`~attribution.perturbation.FeatureAblation` at the layer, one feature per channel,
+        so the model runs up to the layer once and only what follows runs on the ablated copies. A layer called
+        several times: one forward per item and batch of channels, the chosen call's output replaced.
+        """
+        if calls == 1:
+            channels = torch.arange(acts.shape[1], device=acts.device)[:, None, None]
+            ablation = FeatureAblation(
+                self.model,
+                channels,
+                0.0,
+                perturbations_per_forward=self.batch_size,
+                show_progress=self.progress,
+                layer=name,
+            )
+            drop = ablation(inputs, target=target if index is None else index)[:, :, 0, 0]  # y - y_k
+            return (score[:, None] - drop.to(torch.float64)).to(acts.device)
         b, k = acts.shape[:2]
         ablated = torch.empty(b, k, dtype=torch.float64)
         rows: list[torch.Tensor] = []

@@ -79,6 +79,49 @@ def test_a_layer_inside_a_residual_block_matches_the_slow_definition():
     torch.testing.assert_close(ours, expected, rtol=1e-9, atol=1e-12)
 
 
+class Twice(nn.Module):
+    """The same conv applied twice: ``call=0`` ablates the first application, ``call=1`` the second."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.stem, self.conv, self.fc = nn.Conv2d(3, 5, 3, padding=1), nn.Conv2d(5, 5, 3, padding=1), nn.Linear(5, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = torch.tanh(self.conv(torch.tanh(self.conv(self.stem(x)))))
+        return self.fc(h.mean((2, 3)))
+
+
+@pytest.mark.parametrize("call", [0, 1])
+def test_a_layer_called_twice_ablates_the_chosen_call(call):
+    torch.manual_seed(2)
+    model = Twice().double().eval()
+    x = torch.randn(2, 3, 6, 9, dtype=F64)  # non-square
+    seen: list[torch.Tensor] = []
+    handle = model.conv.register_forward_hook(lambda m, a, out: seen.append(out.detach()))
+    with torch.no_grad():
+        y = model(x)[:, 1]
+    handle.remove()
+    acts, weights = seen[call], torch.empty(2, 5, dtype=F64)
+    for k in range(5):
+        count = [0]
+
+        def zero(m, a, out, k=k, count=count):
+            count[0] += 1
+            if count[0] - 1 != call:
+                return None
+            out = out.clone()
+            out[:, k] = 0
+            return out
+
+        handle = model.conv.register_forward_hook(zero)
+        with torch.no_grad():
+            weights[:, k] = (y - model(x)[:, 1]) / y
+        handle.remove()
+    expected = torch.relu((weights[:, :, None, None] * acts).sum(1))
+    ours = AblationCAM(model, "conv", call=call, batch_size=2, progress=False)(x, 1, upsample=False, normalize=False)
+    torch.testing.assert_close(ours, expected, rtol=1e-9, atol=1e-12)
+
+
 @pytest.mark.peers
 @pytest.mark.slow  # importing pytorch-grad-cam takes about 4 s
 def test_matches_pytorch_grad_cam():
