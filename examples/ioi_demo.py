@@ -48,7 +48,7 @@ FACTS = [  # ten capitals and ten landmarks, as first written down (not chosen f
 ]  # fmt: skip
 
 
-def main(out: Path, threads: int = 1) -> None:
+def main(out: Path, threads: int = 1, pairs: int = 10) -> None:
     try:
         from _smollm2 import POSITIONS, ioi_prompts, load_smollm2
     except ModuleNotFoundError as exc:
@@ -62,7 +62,7 @@ def main(out: Path, threads: int = 1) -> None:
     n_layers = model.config.num_hidden_layers
 
     # 1. behaviour ---------------------------------------------------------------------------------------------
-    ioi = ioi_prompts(tokenizer)
+    ioi = ioi_prompts(tokenizer, pairs)
     clean, corrupted = ioi.inputs("clean"), ioi.inputs("corrupted")
     metric = ioi.mean_logit_diff
     with torch.no_grad():
@@ -221,5 +221,6 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", type=Path, default=Path("out"))
     parser.add_argument("--threads", type=int, default=1, help="torch threads (more is faster on an idle machine)")
+    parser.add_argument("--pairs", type=int, default=10, help="name pairs of the IOI prompts (2 prompts each)")
     args = parser.parse_args()
-    main(args.out, args.threads)
+    main(args.out, args.threads, args.pairs)

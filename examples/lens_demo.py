@@ -34,7 +34,7 @@ from attribution.lens import direct_logit_attribution, logit_lens, plot_direct_l
 HEADS = 9
 
 
-def main(out: Path, threads: int = 1) -> None:
+def main(out: Path, threads: int = 1, pairs: int = 10) -> None:
     try:
         from _smollm2 import ioi_prompts, load_smollm2
     except ModuleNotFoundError as exc:
@@ -44,7 +44,7 @@ def main(out: Path, threads: int = 1) -> None:
     start = time.perf_counter()
     model, tokenizer = load_smollm2()
     print(f"SmolLM2-135M-Instruct loaded in {time.perf_counter() - start:.0f} s")
-    ioi = ioi_prompts(tokenizer)
+    ioi = ioi_prompts(tokenizer, pairs)
 
     # 1. the logit lens, prompt by prompt (30 layers x 14 positions x 49152 tokens each) -------------------------
     start = time.perf_counter()
@@ -138,5 +138,6 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", type=Path, default=Path("out"))
     parser.add_argument("--threads", type=int, default=1, help="torch threads (more is faster on an idle machine)")
+    parser.add_argument("--pairs", type=int, default=10, help="name pairs of the IOI prompts (2 prompts each)")
     args = parser.parse_args()
-    main(args.out, args.threads)
+    main(args.out, args.threads, args.pairs)

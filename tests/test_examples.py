@@ -29,7 +29,9 @@ NEEDS = {  # rollout_demo skips MiniLM, metrics_demo the scikit-image photo, by 
 }
 
 SHORTER = {  # the same code paths with less of the work the documented run does
-    "circuits_ioi.py": ["--exact", "20"],
+    "circuits_ioi.py": ["--exact", "10", "--budgets", "100"],
+    "ioi_demo.py": ["--pairs", "2"],
+    "lens_demo.py": ["--pairs", "2"],
     "generation_demo.py": ["--tokens", "8"],
     "relp_ioi.py": ["--prompts", "2"],
     "dictionaries_smollm2.py": ["--sequences", "32", "--passes", "1"],
