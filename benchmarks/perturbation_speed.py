@@ -1,14 +1,16 @@
 """Perturbation attributions: time of ours vs captum 0.9, with the same settings and equal results, one process.
 
-Run from the repository root: python -m benchmarks.perturbation_speed [--rounds 1] [--samples 3] [--skip-smollm2]
-[--skip-resnet] [--write-inc]. On 2 CPU cores the default settings (one round, 3 permutations, the windows below) take
-about 4 minutes; ``--write-inc`` writes the tables, with the load average before and after, to
-docs/methods/perturbation_speed.inc.
+Run from the repository root: python -m benchmarks.perturbation_speed [--rounds 1] [--samples 3] [--captum-prompts 5]
+[--skip-smollm2] [--skip-resnet] [--write-inc]. With the defaults (one round, 3 permutations, captum on 5 prompts,
+the windows below) it took MINUTES minutes on 2 threads of a shared 2-core machine at a load of about LOAD; with captum
+on all 20 prompts it took 31 minutes, 22 of them captum's ShapleyValueSampling (860 forwards of one prompt).
+``--write-inc`` writes the tables, with the load average before and after, to docs/methods/perturbation_speed.inc.
 
 1. SmolLM2-135M-Instruct (examples/_smollm2.py; skipped if its weights are not installed), the 20 IOI prompts of
    14 tokens, target: the log-probability of the indirect object's token after the prompt. Token FeatureAblation
    and ShapleyValueSampling (``--samples`` permutations) with token 0 as the baseline: captum's ``LLMAttribution``
-   (one prompt at a time, one perturbation per forward, the whole prompt re-run each time) against ours on the 20
+   (one prompt at a time, one perturbation per forward, the whole prompt re-run each time; on the first
+   ``--captum-prompts`` prompts, its time scaled to the 20, as it is linear in their number) against ours on the 20
    prompts at once, with the unperturbed prefix's keys/values reused (``reuse=True``) and without (``reuse=False``);
    FeatureAblation also with 5 perturbations per forward (3 calls instead of 1, where reuse cuts positions).
    Floor: one plain forward of the 20 prompts per perturbation batch is not a fair floor here; the ratio to captum is
@@ -46,7 +48,7 @@ def kept(variants: dict[str, Any], results: dict[str, Any]) -> dict[str, Any]:
     return {name: keep(name, fn) for name, fn in variants.items()}
 
 
-def smollm2(samples: int, rounds: int) -> list[list[Any]]:
+def smollm2(samples: int, rounds: int, captum_prompts: int) -> list[list[Any]]:
     try:
         from captum.attr import FeatureAblation as CaptumFA
         from captum.attr import LLMAttribution, TextTokenInput
@@ -63,7 +65,7 @@ def smollm2(samples: int, rounds: int) -> list[list[Any]]:
 
     def captum(kind: type, **options: Any) -> torch.Tensor:
         rows = []
-        for text, answer in zip(ioi.texts, answers, strict=True):
+        for text, answer in zip(ioi.texts[:captum_prompts], answers[:captum_prompts], strict=True):
             if kind is CaptumSVS:
                 torch.manual_seed(0)
             llm = LLMAttribution(kind(model), tokenizer)
@@ -91,13 +93,16 @@ def smollm2(samples: int, rounds: int) -> list[list[Any]]:
     }
     results: dict[str, Any] = {}
     times = interleaved(kept(variants, results), repeats=rounds, warmup=0)  # no warm-up: each runs for seconds
+    scale = len(ids) / captum_prompts  # captum runs prompt after prompt: its time scales with their number
     rows = []
     for method in ("FeatureAblation", "ShapleyValueSampling"):
         reference = results[f"{method}, captum LLMAttribution"]
-        base = times[f"{method}, captum LLMAttribution"]
+        base = times[f"{method}, captum LLMAttribution"] * scale
         for name in [n for n in variants if n.startswith(method)]:
-            error = (results[name].double() - reference.double()).abs().max().item()
-            rows.append([name, f"{times[name]:.2f}", f"{base / times[name]:.1f}", f"{error:.1e}"])
+            error = (results[name][:captum_prompts].double() - reference.double()).abs().max().item()
+            seconds = times[name] * (scale if "captum" in name else 1)
+            label = f"{name} ({captum_prompts} prompts, time x{scale:g})" if "captum" in name and scale != 1 else name
+            rows.append([label, f"{seconds:.2f}", f"{base / seconds:.1f}", f"{error:.1e}"])
     return rows
 
 
@@ -153,6 +158,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--rounds", type=int, default=1)
     parser.add_argument("--samples", type=int, default=3)
+    parser.add_argument("--captum-prompts", type=int, default=5, help="prompts captum runs (its time is scaled)")
     parser.add_argument("--skip-smollm2", action="store_true")
     parser.add_argument("--skip-resnet", action="store_true")
     parser.add_argument("--write-inc", action="store_true", help="write docs/methods/perturbation_speed.inc")
@@ -161,7 +167,7 @@ def main() -> None:
     warnings.simplefilter("ignore")
     before, parts = load(), []
     if not args.skip_smollm2:
-        rows = smollm2(args.samples, args.rounds)
+        rows = smollm2(args.samples, args.rounds, args.captum_prompts)
         if rows:
             title = (
                 "SmolLM2-135M-Instruct, the 20 IOI prompts of 14 tokens, log-probability of the indirect object, "

@@ -107,7 +107,7 @@ class AblationCAM(CAM):
     For each channel ``k`` of the layer's output ``A``: ``y_k``, the target score with channel ``k`` set to zero, and
     the weight ``w_k = (y - y_k) / y`` (``y`` the target score); ``L = ReLU(sum_k w_k A_k)``. The channels are
     ablated ``batch_size`` at a time. For a layer the model calls once this is
-    :class:`~attribution.perturbation.FeatureAblation` at the layer with one feature per channel: the model runs up
+    :class:`~attribution.FeatureAblation` at the layer with one feature per channel: the model runs up
     to the layer once, and only what follows it runs on the ablated copies (pytorch-grad-cam runs the whole model on
     every batch). For a layer called several times (``call=``), the item runs up to the layer once per batch of
     channels at batch size 1, and the chosen call's output is replaced by the ablated copies; modules after the
