@@ -51,7 +51,7 @@ def pearson(a: torch.Tensor, b: torch.Tensor) -> float:
     return float((a @ b) / (a.norm() * b.norm()))
 
 
-def main(out: Path, prompts: int = 4, threads: int = 1) -> None:
+def main(out: Path, prompts: int = 4, threads: int = 1, every: int = 1) -> None:
     try:
         from _smollm2 import POSITIONS, ioi_prompts, load_smollm2
     except ModuleNotFoundError as exc:
@@ -67,7 +67,7 @@ def main(out: Path, prompts: int = 4, threads: int = 1) -> None:
                   s=ioi.s[:prompts], texts=ioi.texts[:prompts])  # fmt: skip
     clean, corrupted = ioi.inputs("clean"), ioi.inputs("corrupted")
     positions = list(range(POSITIONS.index("S2"), len(POSITIONS)))
-    layers = range(model.config.num_hidden_layers)
+    layers = range(0, model.config.num_hidden_layers, every)
     common = {"positions": positions, "normalize": True, "progress": False}
 
     results, times = {}, {"exact": 0.0, "gradient": 0.0, "relp": 0.0}
@@ -124,5 +124,6 @@ if __name__ == "__main__":
         "--prompts", type=int, default=4, help="IOI prompts (of 20; the first 4: two name pairs, ABBA and BABA)"
     )
     parser.add_argument("--threads", type=int, default=1, help="torch threads (more is faster on an idle machine)")
+    parser.add_argument("--every", type=int, default=1, help="patch every k-th layer only (a quicker run)")
     args = parser.parse_args()
-    main(args.out, args.prompts, args.threads)
+    main(args.out, args.prompts, args.threads, args.every)

