@@ -13,9 +13,10 @@ import pytest
 import torch
 
 from attribution import SAE, Transcoder
-from attribution.graphs import attribution_graph
+from attribution.graphs import AttributionGraph, Nodes, attribution_graph
 from tests.attribution.graphs.conftest import IDS
 from tests.attribution.graphs.reference import Reference
+from tests.attribution.graphs.test_graph_influence import _dense_prune
 from tests.attribution.models import lm64
 from tests.support import hook_state
 
@@ -226,6 +227,38 @@ def test_a_module_key_is_its_name_and_a_pruned_graph_keeps_features_and_errors(l
     assert kinds == sorted(kinds, key=["neuron", "feature", "error", "token", "logit"].index)
 
 
+@pytest.mark.parametrize(("node_threshold", "edge_threshold"), [(0.8, 0.98), (0.95, 0.99)])
+def test_pruning_is_circuit_tracers_with_errors_that_need_only_an_outgoing_edge(llama, node_threshold, edge_threshold):
+    graph = attribution_graph(llama, IDS, basis={"model.layers.0.mlp": _dictionary("sae-topk")}, progress=False,
+                              batch_size=128)  # fmt: skip
+    dense = graph.adjacency.to_dense().double()
+    units = len(graph.nodes.where("neuron")) + len(graph.nodes.where("feature"))
+    tail = len(graph.nodes.where("token")) + len(graph.nodes.where("logit"))
+    node_mask, edge_mask = _dense_prune(dense, graph.weights, units, tail, node_threshold, edge_threshold)
+    pruned = graph.prune(node_threshold, edge_threshold)
+    kept = node_mask.nonzero().flatten()
+    assert "error" in pruned.nodes.kind and "feature" in pruned.nodes.kind
+    assert pruned.nodes.kind == tuple(graph.nodes.kind[i] for i in kept.tolist())
+    assert torch.equal(pruned.nodes.index, graph.nodes.index[kept])
+    assert torch.equal(pruned.adjacency.to_dense().double(), (dense * edge_mask)[kept][:, kept])
+
+
+def test_pruning_drops_a_feature_without_inputs_but_keeps_an_error_without_them():
+    # feature 0 reads the token; feature 1 and the error read nothing; the logit reads both features and the error
+    kinds = ("feature", "feature", "error", "token", "logit")
+    a = torch.zeros(5, 5, dtype=torch.float64)
+    a[0, 3] = a[4, 0] = a[4, 1] = a[4, 2] = 1.0
+    layer, zeros = torch.tensor([0, 0, 0, -1, 1]), torch.zeros(5, dtype=torch.long)
+    ones = torch.ones(5, dtype=torch.float64)
+    nodes = Nodes(kinds, layer, zeros, torch.tensor([3, 4, -1, 7, 9]), ones, zeros.double())
+    graph = AttributionGraph(nodes, a.to_sparse(), torch.tensor([7]), torch.ones(1, dtype=torch.float64),
+                             torch.tensor([-1]), 1, 8, None)  # fmt: skip
+    assert graph.influence.tolist() == [1 / 3, 1 / 3, 1 / 3, 1 / 3, 0.0]
+    pruned = graph.prune(1.0, 1.0)  # every node and every edge carries influence: only the rule for sources acts
+    assert pruned.nodes.kind == ("feature", "error", "token", "logit")
+    assert pruned.nodes.index.tolist() == [3, -1, 7, 9]
+
+
 def test_the_graph_file_writes_features_and_errors(llama, tmp_path):
     sae = _dictionary("sae-topk")
     graph = attribution_graph(llama, IDS, basis={"model.layers.1.mlp": sae}, progress=False, batch_size=128)
@@ -331,6 +364,8 @@ def test_the_model_and_the_dictionaries_are_left_as_found_also_after_an_error(ll
         ({"model.layers.0.mlp": torch.nn.Linear(16, 16)}, TypeError, r"must be an SAE or a Transcoder; got Linear"),
         ({"model.layers.0.mlp": SAE(12, 40)}, ValueError,
          r"`basis`\['model.layers.0.mlp'\]: the SAE has d_in=12, but the MLP's output there has width 16"),
+        ({"model.layers.0.mlp": SAE(24, 40)}, ValueError,  # one trained on the neurons (the MLP's inner width)
+         r"`basis`\['model.layers.0.mlp'\]: the SAE has d_in=24, but the MLP's output there has width 16"),
         ({"model.layers.1.mlp": Transcoder(12, 16, 40)}, ValueError,
          r"the Transcoder has d_in=12, but the MLP's input there has width 16"),
         ({"model.layers.1.mlp": Transcoder(16, 20, 40)}, ValueError,
