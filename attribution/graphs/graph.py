@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
@@ -10,12 +10,12 @@ from typing import TYPE_CHECKING, Any, Literal
 import torch
 from torch import nn
 
+from ..dictionaries.modules import Dictionary
 from ._math import node_influence, prune_masks, sparse
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
 
-    from ..dictionaries.modules import Dictionary
     from .verify import Verification
 
 
@@ -110,7 +110,7 @@ class AttributionGraph:
     inputs: Any = None
     runs: int = 0
     node_threshold: float | None = None
-    units: tuple[int, ...] = ()
+    units: Sequence[int] = ()
     basis: Mapping[str, Dictionary] = field(default_factory=dict)
 
     @property
