@@ -107,7 +107,7 @@ def attribution_graph(
             store.add(logit_rows(frozen, chunk, edges_per_row), -torch.ones(len(chunk), dtype=torch.long),
                       weights[start : start + batch_size], torch.full((len(chunk),), frozen.n_layers))  # fmt: skip
         visited = _visit(frozen, store, max_nodes, batch_size, edges_per_row, progress)
-    return _assemble(frozen, store, visited, ids[0], tokens, foils, weights, rules, model_inputs, width, basis)
+    return _assemble(frozen, store, visited, ids[0], tokens, foils, weights, rules, model_inputs, width)
 
 
 def _checked(model: nn.Module, rules: Any, batch_size: int, edges_per_row: int, max_nodes: int | None) -> LMLayout:
@@ -150,10 +150,10 @@ def _dictionaries(model: nn.Module, layout: LMLayout, basis: Any) -> dict[int, D
         name = modules.get(id(key)) if isinstance(key, nn.Module) else key
         if name not in mlps:
             close = difflib.get_close_matches(str(key), list(mlps), n=1, cutoff=0.5)
-            hint = f"; did you mean {close[0]!r}?" if close else ""
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
             raise ValueError(
                 f"`basis` key {key if isinstance(key, str) else type(key).__name__!r} is not an MLP of "
-                f"{type(model).__name__}{hint} A dictionary replaces the neurons of one of its MLPs: "
+                f"{type(model).__name__}{hint}. A dictionary replaces the neurons of one of its MLPs: "
                 f"{', '.join(repr(m) for m in mlps)}"
             )
         if not isinstance(dictionary, (SAE, Transcoder)):
@@ -306,7 +306,7 @@ def _visit(
 
 def _assemble(
     frozen: Frozen, store: _Store, visited: torch.Tensor, ids: torch.Tensor, tokens: torch.Tensor,
-    foils: torch.Tensor, weights: torch.Tensor, rules: Rules, inputs: Any, width: int, basis: Any,
+    foils: torch.Tensor, weights: torch.Tensor, rules: Rules, inputs: Any, width: int,
 ) -> AttributionGraph:  # fmt: skip
     """The graph: nodes [visited neurons and features, errors, tokens, logits], the kept entries as a sparse matrix."""
     t = frozen.positions

@@ -359,8 +359,8 @@ def test_the_model_and_the_dictionaries_are_left_as_found_also_after_an_error(ll
     [
         ("features", ValueError, r"`basis` must be 'neurons' .* or a mapping"),
         ({"model.layers.0.self_attn": "sae"}, ValueError,
-         r"not an MLP of LlamaForCausalLM.*one of its MLPs: 'model.layers.0.mlp', 'model.layers.1.mlp'"),
-        ({"model.layers.0.mlpp": "sae"}, ValueError, r"did you mean 'model.layers.0.mlp'\?"),
+         r"not an MLP of LlamaForCausalLM.*\. A .* one of its MLPs: 'model.layers.0.mlp', 'model.layers.1.mlp'"),
+        ({"model.layers.0.mlpp": "sae"}, ValueError, r"LlamaForCausalLM \(did you mean 'model.layers.0.mlp'\?\)\. A"),
         ({"model.layers.0.mlp": torch.nn.Linear(16, 16)}, TypeError, r"must be an SAE or a Transcoder; got Linear"),
         ({"model.layers.0.mlp": SAE(12, 40)}, ValueError,
          r"`basis`\['model.layers.0.mlp'\]: the SAE has d_in=12, but the MLP's output there has width 16"),
