@@ -259,16 +259,24 @@ def test_pruning_drops_a_feature_without_inputs_but_keeps_an_error_without_them(
     assert pruned.nodes.index.tolist() == [3, -1, 7, 9]
 
 
-def test_the_graph_file_writes_features_and_errors(llama, tmp_path):
+def test_the_graph_file_the_page_and_the_picture_show_features_and_errors(llama, tmp_path):
     sae = _dictionary("sae-topk")
     graph = attribution_graph(llama, IDS, basis={"model.layers.1.mlp": sae}, progress=False, batch_size=128)
-    content = graph.prune(0.9, 0.99).to_json(tmp_path / "g.json")
+    pruned = graph.prune(0.9, 0.99)
+    content = pruned.to_json(tmp_path / "g.json")
     written = {n["node_id"]: n for n in content["nodes"]}
     errors = [n for n in content["nodes"] if n["feature_type"] == "mlp reconstruction error"]
     assert errors and all(n["node_id"] == f"1_-1_{n['ctx_idx']}" and n["feature"] == -1 for n in errors)
     assert any(n["clerp"].startswith("L1 feature") for n in content["nodes"])
-    assert len(written) == len(content["nodes"])  # ids are unique (circuit-tracer's 0_{layer}_{pos} would clash)
+    assert len(written) == len(content["nodes"])  # ids are unique
     assert all(link["source"] in written and link["target"] in written for link in content["links"])
+    page = pruned.to_html()
+    assert '"kind": "feature"' in page and '"kind": "error"' in page and '"label": "L1/error"' in page
+    matplotlib = pytest.importorskip("matplotlib")
+    matplotlib.use("Agg")
+    ax = pruned.plot()
+    assert {"feature", "error"} <= {text.get_text() for text in ax.get_legend().get_texts()}
+    matplotlib.pyplot.close(ax.figure)
     models = pytest.importorskip("circuit_tracer.frontend.graph_models")
     models.Model(**content)
 
