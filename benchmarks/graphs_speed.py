@@ -1,7 +1,9 @@
 """Attribution graphs on SmolLM2-135M: time, autograd runs and peak memory against one forward + backward.
 
 Run from the repository root: python -m benchmarks.graphs_speed [--tokens 16 64 256] [--nodes 1000 5000]
-Each (tokens, max_nodes) runs in a fresh process (its peak resident memory is the process's, ``ru_maxrss``, minus
+[--basis neurons transcoders]. ``transcoders``: a random TopK transcoder (8 x 576 = 4608 features, k = 32, with a
+skip) at every layer's MLP in place of its neurons (the cost of a feature basis; the features mean nothing).
+Each (tokens, max_nodes, basis) runs in a fresh process (its peak resident memory is the process's, ``ru_maxrss``, minus
 what the loaded model held), the prompt is the first ``tokens`` tokens of a fixed English text, the target the
 salient logits (circuit-tracer's default), ``batch_size`` 32, ``edges_per_row`` 4096. The floor: one forward and
 one backward of the same prompt (the gradient of the top logit with respect to the input embeddings).
@@ -30,12 +32,12 @@ TEXT = (
 ) * 4
 
 
-def one(tokens: int, nodes: int, batch: int) -> dict[str, float]:
+def one(tokens: int, nodes: int, batch: int, basis: str = "neurons") -> dict[str, float]:
     """Time, runs and memory of one graph (in this process)."""
     sys.path.insert(0, "examples")
     from _smollm2 import load_smollm2
 
-    from attribution import attribution_graph
+    from attribution import Transcoder, attribution_graph
 
     setup(2)
     model, tokenizer = load_smollm2()
@@ -46,31 +48,40 @@ def one(tokens: int, nodes: int, batch: int) -> dict[str, float]:
     logits = model(inputs_embeds=embeds, use_cache=False).logits[0, -1]
     torch.autograd.grad(logits.max(), embeds)
     floor = time.perf_counter() - start
+    dictionaries: dict[str, Transcoder] | str = "neurons"
+    if basis == "transcoders":
+        torch.manual_seed(0)
+        width = model.config.hidden_size
+        dictionaries = {f"model.layers.{i}.mlp": Transcoder(width, width, 8 * width, activation="topk", k=32, skip=True)
+                        for i in range(model.config.num_hidden_layers)}  # fmt: skip
     start = time.perf_counter()
-    graph = attribution_graph(model, ids, max_nodes=nodes, batch_size=batch, progress=False)
+    graph = attribution_graph(model, ids, basis=dictionaries, max_nodes=nodes, batch_size=batch, progress=False)
     took = time.perf_counter() - start
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    targets = len(graph.nodes.where("neuron")) + len(graph.nodes.where("logit"))
+    units = len(graph.nodes.where("neuron")) + len(graph.nodes.where("feature"))
+    targets = units + len(graph.nodes.where("logit"))
     bound = math.ceil(targets / batch) + 2
-    return {"tokens": tokens, "nodes": nodes, "seconds": took, "floor": floor, "runs": graph.runs, "bound": bound,
-            "peak_gib": (peak - base) / 2**20, "edges": graph.adjacency._nnz()}  # fmt: skip
+    return {"tokens": tokens, "nodes": nodes, "basis": basis, "seconds": took, "floor": floor, "runs": graph.runs,
+            "bound": bound, "peak_gib": (peak - base) / 2**20, "edges": graph.adjacency._nnz()}  # fmt: skip
 
 
-def main(tokens: list[int], nodes: list[int], batch: int) -> None:
+def main(tokens: list[int], nodes: list[int], batch: int, bases: list[str]) -> None:
     rows = []
     for t in tokens:
         for n in nodes:
-            command = [sys.executable, "-m", "benchmarks.graphs_speed", "--one", str(t), str(n), "--batch", str(batch)]
-            done = subprocess.run(command, capture_output=True, text=True, check=False)
-            if done.returncode:
-                rows.append([t, n, "failed: " + done.stderr.strip().splitlines()[-1][:60], "", "", "", ""])
-                continue
-            r = json.loads(done.stdout.strip().splitlines()[-1])
-            ratio = r["seconds"] / r["floor"]
-            rows.append([t, n, f"{r['seconds']:.0f} s", f"{ratio:.0f}x", f"{r['runs']} ({r['bound']})",
-                         f"{r['peak_gib']:.2f} GiB", r["edges"]])  # fmt: skip
-            print(rows[-1], flush=True)
-    header = ["tokens", "max_nodes", "time", "/ fwd+bwd", "runs (bound)", "peak memory", "edges"]
+            for basis in bases:
+                command = [sys.executable, "-m", "benchmarks.graphs_speed", "--one", str(t), str(n), "--batch",
+                           str(batch), "--basis", basis]  # fmt: skip
+                done = subprocess.run(command, capture_output=True, text=True, check=False)
+                if done.returncode:
+                    rows.append([t, n, basis, "failed: " + done.stderr.strip().splitlines()[-1][:60], "", "", "", ""])
+                    continue
+                r = json.loads(done.stdout.strip().splitlines()[-1])
+                ratio = r["seconds"] / r["floor"]
+                rows.append([t, n, basis, f"{r['seconds']:.0f} s", f"{ratio:.0f}x", f"{r['runs']} ({r['bound']})",
+                             f"{r['peak_gib']:.2f} GiB", r["edges"]])  # fmt: skip
+                print(rows[-1], flush=True)
+    header = ["tokens", "max_nodes", "basis", "time", "/ fwd+bwd", "runs (bound)", "peak memory", "edges"]
     print(table(header, rows))
 
 
@@ -79,9 +90,10 @@ if __name__ == "__main__":
     parser.add_argument("--tokens", type=int, nargs="+", default=[16, 64, 256])
     parser.add_argument("--nodes", type=int, nargs="+", default=[1000, 5000])
     parser.add_argument("--batch", type=int, default=32)
+    parser.add_argument("--basis", nargs="+", choices=["neurons", "transcoders"], default=["neurons"])
     parser.add_argument("--one", type=int, nargs=2, default=None)
     args = parser.parse_args()
     if args.one:
-        print(json.dumps(one(*args.one, args.batch)))
+        print(json.dumps(one(*args.one, args.batch, args.basis[0])))
     else:
-        main(args.tokens, args.nodes, args.batch)
+        main(args.tokens, args.nodes, args.batch, args.basis)

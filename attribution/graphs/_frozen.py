@@ -7,10 +7,15 @@ One forward of the real model with hooks (one :class:`attribution._run.HookedRun
 * the query and key projections' outputs are detached, so the attention probabilities are constants;
 * each MLP's down projection gets a new leaf as its input (the neuron activations, held), and the activation as
   computed is kept as that layer's targets;
+* at an MLP with a dictionary instead (:func:`dictionary_hooks`), the features as computed are the targets and the
+  MLP writes ``decode(features) (+ skip) + error`` from two leaves, the held features and the held error;
 * with ``rules="relp"``, RelP's rules go on first (identity rule on the activation, half rule on a gated product).
 
 In this graph the only paths from a source to a target pass through no other node, and a target's activation is
 differentiated at the clean point (or through RelP's rules). A row is ``a_s * d a_t / d a_s`` for every source.
+
+Source columns: one per position for the tokens, then per layer one per (position, unit), the units being the
+layer's neurons, or its features followed by its error (the error's column holds ``e . d a_t / d e``).
 """
 
 from __future__ import annotations
@@ -26,6 +31,8 @@ from hooks import HookGroup
 from .._relp import relp_sites
 from .._run import HookedRun, hook_site
 from .._transformer_rules import Sites, register_rules
+from ..dictionaries import Transcoder
+from ..dictionaries.modules import Dictionary
 from ..models import LMLayout, linear, logit_softcap
 from ._math import kept_entries
 
@@ -35,36 +42,78 @@ class Frozen:
     """The tensors of one frozen run: sources (leaves), targets (in the graph) and the clean logits."""
 
     layout: LMLayout
+    dictionaries: dict[int, Dictionary] = field(default_factory=dict)  # layer -> its dictionary (else: neurons)
     tokens: torch.Tensor | None = None  # (1, T, d): the first layer's input, a leaf
-    leaves: dict[int, torch.Tensor] = field(default_factory=dict)  # layer -> (1, T, d_mlp) leaf, the held neurons
-    targets: dict[int, torch.Tensor] = field(default_factory=dict)  # layer -> (1, T, d_mlp) computed activations
+    leaves: dict[int, torch.Tensor] = field(default_factory=dict)  # layer -> (1, T, units) leaf: held neurons/features
+    targets: dict[int, torch.Tensor] = field(default_factory=dict)  # layer -> (1, T, units) as computed
+    errors: dict[int, torch.Tensor] = field(default_factory=dict)  # dictionary layer -> (1, T, d) leaf: held error
     final: torch.Tensor | None = None  # (1, T, d): the final norm's output
     logits: torch.Tensor = field(default_factory=lambda: torch.empty(0))  # (vocab,) at the last position
     runs: int = 0  # backward runs of the autograd engine
 
     @property
-    def width(self) -> int:
-        """Neurons per layer."""
-        return int(self.leaves[0].shape[-1])
+    def n_layers(self) -> int:
+        """Layers of the model."""
+        return len(self.layout.layers)
 
     @property
     def positions(self) -> int:
         """Prompt length."""
-        return int(self.leaves[0].shape[1])
+        assert self.tokens is not None
+        return int(self.tokens.shape[1])
+
+    def units(self, layer: int) -> int:
+        """Neurons or features of ``layer`` per position."""
+        return int(self.leaves[layer].shape[-1])
+
+    def per_position(self, layer: int) -> int:
+        """Source columns of ``layer`` per position: its units, and its error after them (a dictionary's layer)."""
+        return self.units(layer) + (layer in self.dictionaries)
 
     def column(self, layer: int) -> int:
-        """The first source column of ``layer``'s neurons (tokens come first, one column per position)."""
-        return self.positions * (1 + layer * self.width)
+        """The first source column of ``layer`` (tokens come first, one column per position)."""
+        return self.positions * (1 + sum(self.per_position(i) for i in range(layer)))
 
     @property
     def n_columns(self) -> int:
-        """Source columns: one per position, then one per (layer, position, neuron)."""
-        return self.column(len(self.leaves))
+        """Source columns: one per position, then one per (layer, position, unit or error)."""
+        return self.column(self.n_layers)
+
+    def locate(self, columns: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """``(layer, position, unit)`` of source columns past the tokens (a dictionary's error: unit = its features)."""
+        starts = torch.tensor([self.column(layer) for layer in range(self.n_layers)], dtype=torch.long)
+        widths = torch.tensor([self.per_position(layer) for layer in range(self.n_layers)], dtype=torch.long)
+        layer = torch.searchsorted(starts, columns, right=True) - 1
+        rest = columns - starts[layer]
+        return layer, rest // widths[layer], rest % widths[layer]
+
+    def sources(self) -> torch.Tensor:
+        """``(n_columns - positions,)`` each non-token source's activation (an error's: its norm)."""
+        blocks = []
+        for layer in range(self.n_layers):
+            leaf = self.leaves[layer].detach()[0].cpu().double()
+            if layer in self.errors:
+                norm = self.errors[layer].detach()[0].cpu().double().norm(dim=-1)
+                leaf = torch.cat([leaf, norm[:, None]], -1)
+            blocks.append(leaf.flatten())
+        return torch.cat(blocks)
+
+    def is_error(self) -> torch.Tensor:
+        """``(n_columns - positions,)`` true at the error columns."""
+        blocks = []
+        for layer in range(self.n_layers):
+            block = torch.zeros(self.positions, self.per_position(layer), dtype=torch.bool)
+            if layer in self.dictionaries:
+                block[:, -1] = True
+            blocks.append(block.flatten())
+        return torch.cat(blocks)
 
 
-def register(run: HookedRun, model: nn.Module, layout: LMLayout, rules: str | None) -> Frozen:
+def register(
+    run: HookedRun, model: nn.Module, layout: LMLayout, rules: str | None, dictionaries: dict[int, Dictionary]
+) -> Frozen:
     """Put the frozen model's hooks on ``run.group`` (see the module documentation); the run fills the result."""
-    frozen = Frozen(layout)
+    frozen = Frozen(layout, dict(dictionaries))
     group = run.group
     if rules == "relp":
         found = relp_sites(model, "relp", layout)
@@ -76,8 +125,9 @@ def register(run: HookedRun, model: nn.Module, layout: LMLayout, rules: str | No
     _freeze_attention(group, layout)
     index = {}
     for layer in layout.layers:
-        assert layer.mlp_parts is not None
-        index[layer.mlp_parts.neurons] = layer.index
+        if layer.index not in dictionaries:
+            assert layer.mlp_parts is not None
+            index[layer.mlp_parts.neurons] = layer.index
 
     def tokens(x: torch.Tensor, name: str, call: int) -> torch.Tensor:
         frozen.tokens = run.leaf(x)
@@ -93,9 +143,51 @@ def register(run: HookedRun, model: nn.Module, layout: LMLayout, rules: str | No
         frozen.final = output
 
     hook_site(group, layout.layers[0].module, "input", None, tokens)
-    hook_site(group, list(index), "input", None, neurons)
+    if index:
+        hook_site(group, list(index), "input", None, neurons)
+    if dictionaries:
+        dictionary_hooks(group, frozen)
     group.forward(layout.final_norm, final)
     return frozen
+
+
+def dictionary_hooks(group: HookGroup, frozen: Frozen) -> None:
+    """The hooks at each MLP with a dictionary: features as targets, ``decode(held features) + held error`` written.
+
+    An :class:`~attribution.SAE` encodes the MLP's output ``y`` (computed live, so a feature's own nonlinearity is
+    the MLP's and then the encoder's); a :class:`~attribution.Transcoder` encodes the MLP's input ``x`` and adds its
+    skip ``x @ W_skip`` live. The error is ``y - reconstruction`` at the clean point. The MLP's output keeps its value
+    bitwise (``y.detach()`` plus terms that are zero), its gradient flowing to the two leaves. RelP's identity rule
+    ``f / pre`` on the encoder's activation needs no hook: every activation of :mod:`attribution.dictionaries` is
+    ``pre * mask`` (ReLU, TopK, JumpReLU, BatchTopK's threshold), whose ``f / pre`` is the mask, its gradient.
+    """
+    names = {frozen.layout.layers[layer].mlp: layer for layer in frozen.dictionaries}
+    read: dict[int, torch.Tensor] = {}
+
+    def remember(x: torch.Tensor, name: str, call: int) -> None:
+        read[names[name]] = x
+
+    def replace(y: torch.Tensor, name: str, call: int) -> torch.Tensor:
+        layer = names[name]
+        dictionary = frozen.dictionaries[layer]
+        source = read.pop(layer) if isinstance(dictionary, Transcoder) else y
+        source = source.to(device=dictionary.W_enc.device, dtype=dictionary.W_enc.dtype)
+        f = dictionary.encode(source)
+        frozen.targets[layer] = f
+        held = f.detach().clone().requires_grad_(True)
+        frozen.leaves[layer] = held
+        skip = dictionary.skip_term(source) if isinstance(dictionary, Transcoder) else None
+        written = dictionary.decode(held) + (0 if skip is None else skip)
+        clean = written.detach().to(device=y.device, dtype=y.dtype)
+        error = (y.detach() - clean).requires_grad_(True)
+        frozen.errors[layer] = error
+        change = (written - written.detach()).to(device=y.device, dtype=y.dtype)
+        return y.detach() + change + (error - error.detach())
+
+    transcoders = [name for name, layer in names.items() if isinstance(frozen.dictionaries[layer], Transcoder)]
+    if transcoders:
+        hook_site(group, transcoders, "input", None, remember)
+    hook_site(group, list(names), "output", None, replace)
 
 
 def _freeze_attention(group: HookGroup, layout: LMLayout) -> None:
@@ -147,8 +239,8 @@ class Rows:
     abs_sums: torch.Tensor
 
 
-def neuron_rows(frozen: Frozen, targets: torch.Tensor, keep: int) -> Rows:
-    """The rows of neuron targets ``(rows, 3)`` (layer, position, neuron), in one backward pass."""
+def node_rows(frozen: Frozen, targets: torch.Tensor, keep: int) -> Rows:
+    """The rows of neuron or feature targets ``(rows, 3)`` (layer, position, unit), in one backward pass."""
     shapes = {layer: frozen.targets[layer].shape for layer in torch.unique(targets[:, 0]).tolist()}
     outputs, cotangents = [], []
     rows = torch.arange(len(targets))
@@ -166,24 +258,29 @@ def logit_rows(frozen: Frozen, vectors: torch.Tensor, keep: int) -> Rows:
     assert frozen.final is not None
     cotangent = frozen.final.new_zeros(len(vectors), *frozen.final.shape)
     cotangent[:, 0, -1] = vectors.to(cotangent.dtype)
-    return _rows(frozen, [frozen.final], [cotangent], len(frozen.leaves), keep)
+    return _rows(frozen, [frozen.final], [cotangent], frozen.n_layers, keep)
 
 
 def _rows(frozen: Frozen, outputs: list[torch.Tensor], cotangents: list[torch.Tensor], below: int, keep: int) -> Rows:
     """One batched backward from ``outputs``; the products ``a_s * gradient`` at every source below layer ``below``."""
     assert frozen.tokens is not None
-    inputs = [frozen.tokens] + [frozen.leaves[layer] for layer in range(below)]
+    errors = [layer for layer in range(below) if layer in frozen.errors]
+    inputs = [frozen.tokens] + [frozen.leaves[layer] for layer in range(below)] + [frozen.errors[i] for i in errors]
     grads = torch.func.vmap(_vjp(outputs, inputs))(cotangents)  # one run of the engine, the cotangents batched
     frozen.runs += 1
     batch = len(cotangents[0])
     products = inputs[0].new_zeros(batch, frozen.column(below))
     token_grad = grads[0] if grads[0] is not None else torch.zeros_like(inputs[0]).expand(batch, *inputs[0].shape)
     products[:, : frozen.positions] = (token_grad * inputs[0]).sum(-1).flatten(1)
+    error_grads = dict(zip(errors, grads[1 + below :], strict=True))
     for layer in range(below):
-        grad = grads[1 + layer]
+        span = slice(frozen.column(layer), frozen.column(layer + 1))
+        grad, leaf = grads[1 + layer], frozen.leaves[layer]
+        written = products[:, span].view(batch, frozen.positions, frozen.per_position(layer))
         if grad is not None:
-            span = slice(frozen.column(layer), frozen.column(layer + 1))
-            products[:, span] = (grad * frozen.leaves[layer]).flatten(1)
+            written[..., : frozen.units(layer)] = (grad * leaf)[:, 0]
+        if error_grads.get(layer) is not None:
+            written[..., -1] = (error_grads[layer] * frozen.errors[layer]).sum(-1)[:, 0]
     columns, values, sums = kept_entries(products, keep)
     return Rows(columns, values, sums)
 

@@ -8,6 +8,7 @@ body { font-family: sans-serif; margin: 1em 2em; color: #222; }
 svg { border: 1px solid #ddd; background: #fcfcfc; }
 .node { cursor: pointer; stroke: #333; stroke-width: 0.6; }
 .node.token { fill: #bbb; } .node.neuron { fill: #f2c14e; } .node.logit { fill: #7fb77e; }
+.node.feature { fill: #e59866; } .node.error { fill: #fff; stroke-dasharray: 2 1; }
 .node.selected { stroke: #000; stroke-width: 2.5; }
 .edge { fill: none; }
 .dim .edge { opacity: 0.06; }
@@ -57,7 +58,8 @@ G.edges.forEach((e, k) => {
 });
 const circles = G.nodes.map((n, i) => {
   const c = document.createElementNS(NS, "circle");
-  c.setAttribute("cx", xy[i][0]); c.setAttribute("cy", xy[i][1]); c.setAttribute("r", n.kind === "neuron" ? 4 : 6);
+  c.setAttribute("cx", xy[i][0]); c.setAttribute("cy", xy[i][1]);
+  c.setAttribute("r", n.kind === "neuron" || n.kind === "feature" ? 4 : 6);
   c.setAttribute("class", "node " + n.kind); c.dataset.node = i;
   const title = document.createElementNS(NS, "title"); title.textContent = n.label; c.appendChild(title);
   c.addEventListener("mouseover", () => show(i)); c.addEventListener("click", () => show(i));

@@ -1,12 +1,13 @@
-"""``attribution_graph``: one prompt's graph of tokens, MLP neurons and logits in the frozen model.
+"""``attribution_graph``: one prompt's graph of tokens, MLP neurons or dictionary features, and logits.
 
 Cost: one forward kept with its graph, then one batched backward per ``batch_size`` rows (logit rows first, then
-neuron rows in order of their influence on the logits so far, circuit-tracer's strategy), each row cut to its
-``edges_per_row`` largest entries as it comes. Nothing of size (sources x sources) is ever held.
+neuron and feature rows in order of their influence on the logits so far, circuit-tracer's strategy), each row cut to
+its ``edges_per_row`` largest entries as it comes. Nothing of size (sources x sources) is ever held.
 """
 
 from __future__ import annotations
 
+import difflib
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -18,13 +19,16 @@ from torch import nn
 from .._inputs import token_ids
 from .._progress import progress as progress_bar
 from .._run import HookedRun
+from ..dictionaries import SAE, Transcoder
+from ..dictionaries.modules import Dictionary
 from ..models import LMLayout, attention_visible, execution_device, linear, lm_layout
-from ._frozen import Frozen, Rows, logit_rows, logit_vectors, neuron_rows, register
+from ._frozen import Frozen, Rows, logit_rows, logit_vectors, node_rows, register
 from ._math import partial_influence, salient_logits, sparse
 from .graph import AttributionGraph, Nodes
 
 Target = int | Sequence[int] | tuple[int, int] | Sequence[tuple[int, int]] | None
 Rules = Literal["relp"] | None
+Basis = Literal["neurons"] | Mapping[str | nn.Module, Dictionary]
 
 
 def attribution_graph(
@@ -32,20 +36,22 @@ def attribution_graph(
     inputs: Any,
     *,
     target: Target = None,
-    basis: Literal["neurons"] = "neurons",
+    basis: Basis = "neurons",
     rules: Rules = None,
     max_nodes: int | None = None,
     batch_size: int = 32,
     edges_per_row: int = 4096,
     progress: bool = True,
 ) -> AttributionGraph:
-    """The attribution graph of one prompt: tokens, MLP neurons and logits, with their direct effects.
+    """The attribution graph of one prompt: tokens, MLP neurons or dictionary features, logits, and direct effects.
 
     An edge ``s -> t`` is ``a_s * d a_t / d a_s`` in the frozen model of the prompt: attention probabilities and
     norm scales held at their clean values, every other node's activation held, the target's own nonlinearity
     differentiated at the clean point (``rules=None``) or through RelP's rules (``rules="relp"``: the identity rule
     ``act(x) / x`` and the half rule on a gated product). Neuron ``(layer, position, i)`` is the ``i``-th input of
-    the MLP's down projection. See :doc:`/methods/graphs` (Ameisen et al. 2025, https://transformer-circuits.pub/
+    the MLP's down projection. With ``basis={mlp: dictionary}`` that MLP's neurons give way to the dictionary's
+    features (targets and sources) and one error node per position (``MLP output - reconstruction``, a source
+    only). See :doc:`/methods/graphs` (Ameisen et al. 2025, https://transformer-circuits.pub/
     2025/attribution-graphs/methods.html).
 
     Args:
@@ -53,18 +59,23 @@ def attribution_graph(
         inputs: token ids ``(1, T)`` or ``(T,)``, or the model's keyword inputs with ``input_ids`` (one prompt).
         target: the logit nodes: ``None`` takes the most likely tokens until their probability sums to 0.95, at
             most 10; an int or a list of token ids; a ``(token, foil)`` tuple or a list of them (logit differences).
-        basis: ``"neurons"`` (the only basis for now).
-        rules: ``None`` (the gradient) or ``"relp"``.
-        max_nodes: the neuron nodes kept, the most influential first (``None``: every active neuron).
+        basis: ``"neurons"``, or ``{mlp: dictionary}``: MLP modules of the model (their names, as in
+            :func:`~attribution.splice`, or the modules) to an :class:`~attribution.SAE` trained on the MLP's output
+            or a :class:`~attribution.Transcoder` from its input to its output; the other layers keep their neurons.
+        rules: ``None`` (the gradient) or ``"relp"`` (a feature's encoder activation: the identity rule
+            ``f / pre``).
+        max_nodes: the neuron and feature nodes kept, the most influential first (``None``: every active one).
         batch_size: rows per backward pass.
         edges_per_row: the largest entries kept of each row (the rest are dropped as the row is computed).
         progress: show a progress bar for long calls.
 
     Returns:
-        The graph (nodes ordered: neurons, tokens, logits).
+        The graph (nodes ordered: neurons and features by layer, errors, tokens, logits).
 
     Raises:
-        ValueError: bad arguments, a model without a readable MLP, or a graph that would not fit in free memory.
+        ValueError: bad arguments, a model without a readable MLP, a ``basis`` key that is not one of its MLPs or a
+            dictionary of another width, or a graph that would not fit in free memory.
+        TypeError: a ``basis`` value that is not an SAE or a Transcoder.
 
     Example:
         >>> import transformers
@@ -76,14 +87,16 @@ def attribution_graph(
         >>> len(graph.nodes), graph.nodes.kind[-1], graph.adjacency.shape   # 2 x 3 x 12 neurons, 3 tokens, 1 logit
         (76, 'logit', torch.Size([76, 76]))
     """
-    layout = _checked(model, basis, rules, batch_size, edges_per_row, max_nodes)
+    layout = _checked(model, rules, batch_size, edges_per_row, max_nodes)
+    dictionaries = _dictionaries(model, layout, basis)
     ids, model_inputs = _prompt(model, inputs)
     width = _width(model, layout)
-    n_rows = _count(layout, ids.shape[1], width, max_nodes)
-    check_memory(ids.shape[1], len(layout.layers), width, layout.hidden, n_rows, batch_size, edges_per_row,
+    units = [dictionaries[i].n_features if i in dictionaries else width for i in range(len(layout.layers))]
+    n_rows = _count(ids.shape[1], units, max_nodes)
+    check_memory(ids.shape[1], units, len(dictionaries), layout.hidden, n_rows, batch_size, edges_per_row,
                  _dtype(model), max_nodes, execution_device(model.get_submodule(layout.embed)))  # fmt: skip
     with attention_visible(model), HookedRun(model, "attribution-graph", with_grad=True) as run:
-        frozen = register(run, model, layout, rules)
+        frozen = register(run, model, layout, rules, dictionaries)
         output = run.forward(model_inputs)
         frozen.logits = getattr(output, "logits", output)[0, -1].detach()
         tokens, foils, weights = logit_targets(target, frozen.logits.cpu())  # node data lives on the CPU
@@ -92,20 +105,13 @@ def attribution_graph(
         for start in range(0, len(vectors), batch_size):
             chunk = vectors[start : start + batch_size]
             store.add(logit_rows(frozen, chunk, edges_per_row), -torch.ones(len(chunk), dtype=torch.long),
-                      weights[start : start + batch_size], torch.full((len(chunk),), len(frozen.leaves)))  # fmt: skip
+                      weights[start : start + batch_size], torch.full((len(chunk),), frozen.n_layers))  # fmt: skip
         visited = _visit(frozen, store, max_nodes, batch_size, edges_per_row, progress)
-    return _assemble(frozen, store, visited, ids[0], tokens, foils, weights, rules, model_inputs)
+    return _assemble(frozen, store, visited, ids[0], tokens, foils, weights, rules, model_inputs, width)
 
 
-def _checked(
-    model: nn.Module, basis: Any, rules: Any, batch_size: int, edges_per_row: int, max_nodes: int | None
-) -> LMLayout:
+def _checked(model: nn.Module, rules: Any, batch_size: int, edges_per_row: int, max_nodes: int | None) -> LMLayout:
     """The model's layout, after the arguments are checked."""
-    if basis != "neurons":
-        raise ValueError(
-            f"`basis` must be 'neurons' (MLP neurons: the down projection's inputs); got {basis!r}. A sparse "
-            "dictionary basis ({site: dictionary}) is not available yet"
-        )
     if rules not in (None, "relp"):
         raise ValueError(f"`rules` must be None (the gradient) or 'relp' (RelP's rules); got {rules!r}")
     for name, value in (("batch_size", batch_size), ("edges_per_row", edges_per_row)):
@@ -126,6 +132,49 @@ def _checked(
     if layout.unembed is None:
         raise ValueError(f"{type(model).__name__} has no unembedding (get_output_embeddings()): use a *ForCausalLM")
     return layout
+
+
+def _dictionaries(model: nn.Module, layout: LMLayout, basis: Any) -> dict[int, Dictionary]:
+    """``{layer: dictionary}`` from ``basis`` (empty for ``"neurons"``), each key an MLP and each width checked."""
+    if isinstance(basis, str) and basis == "neurons":
+        return {}
+    if not isinstance(basis, Mapping):
+        raise ValueError(
+            "`basis` must be 'neurons' (MLP neurons: the down projection's inputs) or a mapping {MLP name: SAE or "
+            f"Transcoder}}; got {basis!r}"
+        )
+    mlps = {layer.mlp: layer.index for layer in layout.layers}
+    modules = {id(model.get_submodule(name)): name for name in mlps}
+    found: dict[int, Dictionary] = {}
+    for key, dictionary in basis.items():
+        name = modules.get(id(key)) if isinstance(key, nn.Module) else key
+        if name not in mlps:
+            close = difflib.get_close_matches(str(key), list(mlps), n=1, cutoff=0.5)
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            raise ValueError(
+                f"`basis` key {key if isinstance(key, str) else type(key).__name__!r} is not an MLP of "
+                f"{type(model).__name__}{hint}. A dictionary replaces the neurons of one of its MLPs: "
+                f"{', '.join(repr(m) for m in mlps)}"
+            )
+        if not isinstance(dictionary, (SAE, Transcoder)):
+            raise TypeError(
+                f"`basis`[{name!r}] must be an SAE or a Transcoder; got {type(dictionary).__name__} (load one with "
+                "attribution.load_dictionary)"
+            )
+        kind = type(dictionary).__name__
+        sizes = (("d_in", dictionary.d_in, "input" if kind == "Transcoder" else "output"),
+                 ("d_out", dictionary.d_out, "output"))  # fmt: skip
+        for size, value, side in sizes:
+            if value != layout.hidden:
+                raise ValueError(
+                    f"`basis`[{name!r}]: the {kind} has {size}={value}, but the MLP's {side} there has width "
+                    f"{layout.hidden}: give the dictionary trained on this MLP"
+                )
+        layer = mlps[name]
+        if layer in found:
+            raise ValueError(f"`basis` names {name!r} twice: give one dictionary per MLP")
+        found[layer] = dictionary
+    return found
 
 
 def _prompt(model: nn.Module, inputs: Any) -> tuple[torch.Tensor, Any]:
@@ -155,9 +204,9 @@ def _dtype(model: nn.Module) -> torch.dtype:
     return next((p.dtype for p in model.parameters() if p.is_floating_point()), torch.float32)
 
 
-def _count(layout: LMLayout, positions: int, width: int, max_nodes: int | None) -> int:
-    """The neuron rows to compute, at most."""
-    total = len(layout.layers) * positions * width
+def _count(positions: int, units: list[int], max_nodes: int | None) -> int:
+    """The neuron and feature rows to compute, at most."""
+    total = positions * sum(units)
     return total if max_nodes is None else min(max_nodes, total)
 
 
@@ -231,9 +280,8 @@ class _Store:
 def _visit(
     frozen: Frozen, store: _Store, max_nodes: int | None, batch_size: int, keep: int, progress: bool
 ) -> torch.Tensor:
-    """Compute neuron rows, the most influential unvisited active neuron first; the visited neurons' columns."""
-    leaves = torch.cat([frozen.leaves[layer].detach().flatten().cpu() for layer in range(len(frozen.leaves))])
-    active = leaves != 0
+    """Compute neuron and feature rows, the most influential unvisited active one first; their source columns."""
+    active = (frozen.sources() != 0) & ~frozen.is_error()  # errors: sources only, never visited
     n_active = int(active.sum())
     count = n_active if max_nodes is None else min(max_nodes, n_active)
     in_order = count == n_active
@@ -248,54 +296,70 @@ def _visit(
         else:
             score = store.influence(frozen.n_columns)[frozen.positions :]
             pending = torch.topk(score.masked_fill(~active | visited, -1.0), size).indices
-        layer, rest = pending // (frozen.positions * frozen.width), pending % (frozen.positions * frozen.width)
-        triples = torch.stack([layer, rest // frozen.width, rest % frozen.width], 1)
-        store.add(neuron_rows(frozen, triples, keep), pending + frozen.positions, torch.zeros(size), layer)
+        layer, position, unit = frozen.locate(pending + frozen.positions)
+        triples = torch.stack([layer, position, unit], 1)
+        store.add(node_rows(frozen, triples, keep), pending + frozen.positions, torch.zeros(size), layer)
         visited[pending] = True
         done += size
-    return visited.nonzero().flatten()
+    return visited.nonzero().flatten() + frozen.positions
 
 
 def _assemble(
     frozen: Frozen, store: _Store, visited: torch.Tensor, ids: torch.Tensor, tokens: torch.Tensor,
-    foils: torch.Tensor, weights: torch.Tensor, rules: Rules, inputs: Any,
+    foils: torch.Tensor, weights: torch.Tensor, rules: Rules, inputs: Any, width: int,
 ) -> AttributionGraph:  # fmt: skip
-    """The graph: nodes [visited neurons, tokens, logits], the kept entries between them as a sparse matrix."""
-    t, n_neurons = frozen.positions, len(visited)
-    n = n_neurons + t + len(tokens)
+    """The graph: nodes [visited neurons and features, errors, tokens, logits], the kept entries as a sparse matrix."""
+    t = frozen.positions
+    errors = frozen.is_error().nonzero().flatten() + t
+    inner = torch.cat([visited, errors])  # source columns of the nodes before the tokens, in node order
+    n_inner = len(inner)
+    n = n_inner + t + len(tokens)
     row_nodes = torch.cat(store.nodes)  # source column of each row's node, -1 for logits in their order
     logit_number = torch.cumsum(row_nodes < 0, 0) - 1
     rows, columns, values, _ = store.entries()
-    target = torch.where(row_nodes < 0, n_neurons + t + logit_number, _node_of(row_nodes, visited, t))[rows]
-    source = _node_of(columns, visited, t)
+    target = torch.where(row_nodes < 0, n_inner + t + logit_number, _node_of(row_nodes, inner, t))[rows]
+    source = _node_of(columns, inner, t)
     ok = (source >= 0) & (values != 0)
     adjacency = sparse(torch.stack([target[ok], source[ok]]), values[ok], (n, n))
-    leaves = torch.cat([frozen.leaves[layer].detach().flatten().cpu() for layer in range(len(frozen.leaves))])
-    per_layer = t * frozen.width
+    layer, position, unit = frozen.locate(inner)
+    dictionary = torch.tensor([i in frozen.dictionaries for i in range(frozen.n_layers)], dtype=torch.bool)
+    error = torch.zeros(n_inner, dtype=torch.bool)
+    error[len(visited) :] = True
+    kinds = tuple("error" if e else "feature" if d else "neuron" for e, d in zip(error.tolist(),
+                  dictionary[layer].tolist(), strict=True))  # fmt: skip
     logit_values = _logit_values(frozen.logits, tokens, foils)
     assert frozen.tokens is not None
     embeddings = frozen.tokens.detach()[0].double().norm(dim=-1).cpu()
     nodes = Nodes(
-        kind=("neuron",) * n_neurons + ("token",) * t + ("logit",) * len(tokens),
-        layer=torch.cat([visited // per_layer, torch.full((t,), -1), torch.full((len(tokens),), len(frozen.leaves))]),
-        position=torch.cat([visited % per_layer // frozen.width, torch.arange(t), torch.full((len(tokens),), t - 1)]),
-        index=torch.cat([visited % frozen.width, ids.cpu(), tokens]),
-        activation=torch.cat([leaves[visited].double().cpu(), embeddings, logit_values]),
+        kind=kinds + ("token",) * t + ("logit",) * len(tokens),
+        layer=torch.cat([layer, torch.full((t,), -1), torch.full((len(tokens),), frozen.n_layers)]),
+        position=torch.cat([position, torch.arange(t), torch.full((len(tokens),), t - 1)]),
+        index=torch.cat([torch.where(error, -1, unit), ids.cpu(), tokens]),
+        activation=torch.cat([frozen.sources()[inner - t], embeddings, logit_values]),
         influence=torch.zeros(n, dtype=torch.float64),
     )
-    graph = AttributionGraph(nodes, adjacency, ids.cpu(), weights, foils, len(frozen.leaves), frozen.width, rules,
-                             inputs, frozen.runs)  # fmt: skip
+    units = tuple(frozen.units(i) for i in range(frozen.n_layers))
+    graph = AttributionGraph(nodes, adjacency, ids.cpu(), weights, foils, frozen.n_layers, width, rules, inputs,
+                             frozen.runs, units=units, basis=_names(frozen))  # fmt: skip
     return graph.with_influence()
 
 
-def _node_of(columns: torch.Tensor, visited: torch.Tensor, positions: int) -> torch.Tensor:
-    """The node number of each source column (tokens after the visited neurons), ``-1`` where it is no node."""
-    neuron = (columns - positions).clamp_min(0)
-    where = torch.searchsorted(visited, neuron).clamp_max(max(len(visited) - 1, 0))
-    found = (
-        (len(visited) > 0) & (visited[where] == neuron) if len(visited) else torch.zeros_like(columns, dtype=torch.bool)
-    )
-    return torch.where(columns < positions, len(visited) + columns, torch.where(found, where, -1))
+def _names(frozen: Frozen) -> dict[str, Dictionary]:
+    """``{MLP name: dictionary}`` of the layers with a dictionary."""
+    return {frozen.layout.layers[layer].mlp: d for layer, d in sorted(frozen.dictionaries.items())}
+
+
+def _node_of(columns: torch.Tensor, inner: torch.Tensor, positions: int) -> torch.Tensor:
+    """The node number of each source column (tokens after the ``inner`` nodes), ``-1`` where it is no node.
+
+    ``inner``: the source column of each node before the tokens, in node order.
+    """
+    if not len(inner):
+        return torch.where(columns < positions, columns, -1)
+    ordered, order = torch.sort(inner)
+    where = torch.searchsorted(ordered, columns).clamp_max(len(ordered) - 1)
+    found = ordered[where] == columns
+    return torch.where(columns < positions, len(inner) + columns, torch.where(found, order[where], -1))
 
 
 def _logit_values(logits: torch.Tensor, tokens: torch.Tensor, foils: torch.Tensor) -> torch.Tensor:
@@ -305,15 +369,19 @@ def _logit_values(logits: torch.Tensor, tokens: torch.Tensor, foils: torch.Tenso
 
 
 def check_memory(
-    positions: int, layers: int, width: int, hidden: int, rows: int, batch_size: int, keep: int,
+    positions: int, units: list[int], errors: int, hidden: int, rows: int, batch_size: int, keep: int,
     dtype: torch.dtype, max_nodes: int | None, device: torch.device | None = None,
 ) -> None:  # fmt: skip
-    """Refuse, before any work, a graph whose memory estimate exceeds the free memory (when it can be read)."""
+    """Refuse, before any work, a graph whose memory estimate exceeds the free memory (when it can be read).
+
+    ``units``: the neurons or features of each layer; ``errors``: the layers with a dictionary (an error each).
+    """
     size = torch.finfo(dtype).bits // 8
-    columns = positions * (1 + layers * width)
-    batch = batch_size * (3 * columns + 2 * layers * positions * width + 8 * positions * hidden) * size
+    layers, total = len(units), sum(units)
+    columns = positions * (1 + total + errors)
+    batch = batch_size * (3 * columns + 2 * positions * total + 8 * positions * hidden * (1 + errors)) * size
     kept = (rows + 10) * min(keep, columns) * (8 + size) * 3 + columns * 8 * 4
-    held = layers * positions * (12 * hidden + 6 * width) * size
+    held = positions * (12 * hidden * (layers + errors) + 6 * total) * size
     needed = batch + kept + held
     free = free_memory(device)
     if free is not None and needed > free:

@@ -41,6 +41,9 @@ def _process(text: str) -> str:
 def node_ids(graph: AttributionGraph) -> list[str]:
     """circuit-tracer's node ids: ``{layer}_{index}_{pos}``, ``E_{token}_{pos}``, ``{layers + 1}_{token}_{pos}``.
 
+    An error node is ``{layer}_-1_{pos}`` (its index is -1). circuit-tracer writes ``0_{layer}_{pos}``, which is
+    also the id of the layer-0 unit ``layer`` at that position: with neurons at layer 0 two nodes would share it.
+
     Example:
         >>> import torch
         >>> from attribution.graphs import Nodes, AttributionGraph
@@ -65,8 +68,9 @@ def node_ids(graph: AttributionGraph) -> list[str]:
 def graph_file(graph: AttributionGraph, slug: str, *, tokenizer: Any = None, scan: str = "neurons") -> dict[str, Any]:
     """circuit-tracer's graph file as a dict: ``metadata``, ``qParams``, ``nodes``, ``links``.
 
-    Neurons are written as circuit-tracer's features (``feature_type`` "cross layer transcoder", ``feature`` the
-    Cantor pairing of layer and index, as circuit-tracer 0.5 numbers them) so that its viewer shows them; the first
+    Neurons and features are written as circuit-tracer's features (``feature_type`` "cross layer transcoder",
+    ``feature`` the Cantor pairing of layer and index, as circuit-tracer 0.5 numbers them) so that its viewer shows
+    them; errors as its "mlp reconstruction error" nodes (``feature`` -1, ``activation`` the error's norm); the first
     logit node is the target.
     Only nodes with an edge (and every token and logit) are written, as circuit-tracer does.
     """
@@ -83,11 +87,15 @@ def graph_file(graph: AttributionGraph, slug: str, *, tokenizer: Any = None, sca
         layer, position, index = (int(graph.nodes.layer[i]), int(graph.nodes.position[i]), int(graph.nodes.index[i]))
         common = {"node_id": node_id, "ctx_idx": position, "influence": float(cumulative[i]), "run_idx": 0,
                   "reverse_ctx_idx": 0}  # fmt: skip
-        if kind == "neuron" and i in linked:
+        if kind in ("neuron", "feature") and i in linked:
             nodes.append({**common, "feature": _cantor(layer, index), "layer": str(layer),
                           "feature_type": "cross layer transcoder", "jsNodeId": f"{layer}_{index}-0",
-                          "activation": float(graph.nodes.activation[i]), "clerp": f"L{layer} neuron {index}",
+                          "activation": float(graph.nodes.activation[i]), "clerp": f"L{layer} {kind} {index}",
                           "token_prob": 0.0, "is_target_logit": False})  # fmt: skip
+        elif kind == "error" and i in linked:
+            nodes.append({**common, "feature": -1, "layer": str(layer), "feature_type": "mlp reconstruction error",
+                          "jsNodeId": f"{layer}_-1-{position}", "activation": float(graph.nodes.activation[i]),
+                          "clerp": f"L{layer} error", "token_prob": 0.0, "is_target_logit": False})  # fmt: skip
         elif kind == "token":
             nodes.append({**common, "feature": position, "layer": "E", "feature_type": "embedding",
                           "jsNodeId": f"E_{index}-{position}", "clerp": "", "token_prob": 0.0,
@@ -126,7 +134,8 @@ def html_page(graph: AttributionGraph, *, tokenizer: Any = None, top_tokens: Any
     nodes = []
     for i in range(len(graph.nodes)):
         node = graph.nodes[i]
-        names = {"token": text(node.index), "logit": f"→{text(node.index)}"}
+        names = {"token": text(node.index), "logit": f"→{text(node.index)}", "feature": f"L{node.layer}/f{node.index}",
+                 "error": f"L{node.layer}/error"}  # fmt: skip
         label = names.get(node.kind, f"L{node.layer}/{node.index}")
         tops = [str(t) for t in (top_tokens or {}).get(i, [])]
         nodes.append({"kind": node.kind, "layer": node.layer, "pos": node.position, "index": node.index,

@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 import torch
 from torch import nn
 
+from ..dictionaries.modules import Dictionary
 from ._math import node_influence, prune_masks, sparse
 
 if TYPE_CHECKING:
@@ -21,8 +23,9 @@ if TYPE_CHECKING:
 class Node:
     """One node of :class:`Nodes`: its kind, layer, position, index, activation and influence.
 
-    ``kind`` is "token", "neuron" or "logit"; ``layer`` -1 for tokens, the number of layers for logits; ``index``
-    the neuron's index or the token id; ``activation`` a logit node's value for a logit.
+    ``kind`` is "token", "neuron", "feature", "error" or "logit"; ``layer`` -1 for tokens, the number of layers for
+    logits; ``index`` the neuron's or feature's index, -1 for an error, or the token id; ``activation`` a logit
+    node's value for a logit, an error's norm for an error.
     """
 
     kind: str
@@ -35,11 +38,12 @@ class Node:
 
 @dataclass(frozen=True)
 class Nodes:
-    """The node table, one entry per node in graph order (neurons, tokens, logits).
+    """The node table, one entry per node in graph order (neurons and features, errors, tokens, logits).
 
-    ``activation``: a neuron's activation, a token's embedding norm, a logit node's value (its logit minus the mean
-    logit, or minus its foil's). ``influence``: each node's influence on the logits in the graph as attributed
-    (kept through :meth:`attribution.AttributionGraph.prune`).
+    ``activation``: a neuron's or feature's activation, the norm of an error's vector (the MLP's output minus the
+    dictionary's reconstruction), a token's embedding norm, a logit node's value (its logit minus the mean logit, or
+    minus its foil's). ``influence``: each node's influence on the logits in the graph as attributed (kept through
+    :meth:`attribution.AttributionGraph.prune`).
     """
 
     kind: tuple[str, ...]
@@ -79,18 +83,20 @@ class AttributionGraph:
     """One prompt's attribution graph (see :func:`attribution.attribution_graph`).
 
     Attributes:
-        nodes: the node table (neurons, then tokens, then logits).
+        nodes: the node table (neurons and features by layer, then errors, tokens, logits).
         adjacency: sparse ``(n, n)``; ``adjacency[t, s]`` is the weight of the edge ``s -> t``.
         tokens: ``(T,)`` the prompt's token ids.
         logit_weights: ``(logits,)`` each logit node's weight in the influence (its probability; ``1 / pairs``
             for logit differences).
         foils: ``(logits,)`` each logit node's foil token (``-1``: the mean logit).
         n_layers: the model's layers.
-        width: neurons per layer.
+        width: neurons per layer (of the model's MLPs).
         rules: ``None`` or ``"relp"``.
         inputs: what the model was called with (for :meth:`verify`).
         runs: backward runs of the autograd engine it took.
         node_threshold: the threshold it was pruned with (``None``: not pruned).
+        units: per layer, the neurons or features a position has (``()``: ``width`` at every layer).
+        basis: ``{MLP name: dictionary}`` of the layers whose nodes are features (empty: neurons only).
     """
 
     nodes: Nodes
@@ -104,6 +110,8 @@ class AttributionGraph:
     inputs: Any = None
     runs: int = 0
     node_threshold: float | None = None
+    units: Sequence[int] = ()
+    basis: Mapping[str, Dictionary] = field(default_factory=dict)
 
     @property
     def weights(self) -> torch.Tensor:
@@ -129,8 +137,9 @@ class AttributionGraph:
         """circuit-tracer's ``prune_graph``: the nodes and then the edges that carry most of the logits' influence.
 
         Keeps the nodes that carry ``node_threshold`` of the influence (tokens and logits always), then the edges
-        that carry ``edge_threshold`` of the edge influence, then removes, until none is left, neurons without a
-        kept outgoing or incoming edge. Computed on the sparse matrix (only its non-zero entries are sorted).
+        that carry ``edge_threshold`` of the edge influence, then removes, until none is left, neurons and features
+        without a kept outgoing or incoming edge and errors without a kept outgoing one. Computed on the sparse
+        matrix (only its non-zero entries are sorted).
 
         Args:
             node_threshold: in ``[0, 1]``.
@@ -142,9 +151,9 @@ class AttributionGraph:
         for name, value in (("node_threshold", node_threshold), ("edge_threshold", edge_threshold)):
             if not 0.0 <= value <= 1.0:
                 raise ValueError(f"`{name}` must be in [0, 1]; got {value}")
-        n_neurons = len(self.nodes.where("neuron"))
-        n_tail = len(self.nodes) - n_neurons
-        mask, edges, _ = prune_masks(self.adjacency.double(), self.weights, n_neurons, n_tail, node_threshold,
+        n_units = len(self.nodes.where("neuron")) + len(self.nodes.where("feature"))
+        n_tail = len(self.nodes.where("token")) + len(self.nodes.where("logit"))
+        mask, edges, _ = prune_masks(self.adjacency.double(), self.weights, n_units, n_tail, node_threshold,
                                      edge_threshold)  # fmt: skip
         return self.subgraph(mask, edges.to(self.adjacency.dtype), node_threshold)
 

@@ -13,7 +13,7 @@ if TYPE_CHECKING:
 
     from .graph import AttributionGraph
 
-COLOURS = {"token": "#bbbbbb", "neuron": "#f2c14e", "logit": "#7fb77e"}
+COLOURS = {"token": "#bbbbbb", "neuron": "#f2c14e", "feature": "#e59866", "error": "#ffffff", "logit": "#7fb77e"}
 
 
 def node_positions(graph: AttributionGraph) -> torch.Tensor:
@@ -71,7 +71,7 @@ def plot_graph(graph: AttributionGraph, *, tokenizer: Any = None, ax: Axes | Non
     for kind, colour in COLOURS.items():
         members = graph.nodes.where(kind)
         if len(members):
-            size = 22 if kind == "neuron" else 60
+            size = 22 if kind in ("neuron", "feature") else 60
             ax.scatter(xy[members, 0], xy[members, 1], s=size, c=colour, edgecolors="black", linewidths=0.5,
                        zorder=2, label=kind)  # fmt: skip
     for i in graph.nodes.where("logit").tolist():

@@ -1,7 +1,8 @@
-"""Check a graph on the real model: scale or ablate neuron nodes, compare the logit nodes' change with the graph's."""
+"""Check a graph on the real model: scale or ablate nodes, compare the logit nodes' change with the graph's."""
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
@@ -11,6 +12,7 @@ from torch import nn
 
 from .._inputs import call
 from .._run import kept_state
+from ..dictionaries import splice
 from ..models import lm_layout
 from ..patching import Patch, patch
 from ._math import predicted_change
@@ -47,17 +49,19 @@ def verify(
     kind: Literal["ablate", "steer"] = "ablate",
     scale: float = 0.0,
 ) -> Verification:
-    """Multiply the activations of neuron ``nodes`` by ``scale`` (0: zero-ablation) in the real model and in the graph.
+    """Multiply the activations of ``nodes`` by ``scale`` (0: zero-ablation) in the real model and in the graph.
 
-    The real run patches the down projections' inputs (:func:`attribution.patch`) and reads each logit node's value
-    (its logit minus the mean logit, or minus its foil's). The graph's prediction propagates the relative changes
+    The real run patches the down projections' inputs for neurons (:func:`attribution.patch`); for features and
+    errors it splices the graph's dictionaries (:func:`attribution.splice`, ``error=True``) and patches their
+    ``features`` and ``error`` sites (an error node scales its whole vector). It reads each logit node's value (its
+    logit minus the mean logit, or minus its foil's). The graph's prediction propagates the relative changes
     ``scale - 1`` through its edges, layer by layer (a linear model with frozen attention and norms, through the
     graph's nodes only); a multiplied node also passes on, times ``scale``, what reaches it from the others.
 
     Args:
         graph: the graph (of ``model`` on ``graph.inputs``).
         model: the model.
-        nodes: node numbers of neuron nodes.
+        nodes: node numbers of neuron, feature or error nodes.
         kind: ``"ablate"`` (``scale`` must be 0) or ``"steer"``.
         scale: the factor on the nodes' activations.
 
@@ -69,9 +73,13 @@ def verify(
         raise ValueError(f"`kind` must be 'ablate' or 'steer'; got {kind!r}")
     if kind == "ablate" and scale != 0.0:
         raise ValueError(f"`kind='ablate'` sets the nodes to zero: leave `scale` at 0 (got {scale}) or use 'steer'")
-    bad = [int(i) for i in chosen if not 0 <= int(i) < len(graph.nodes) or graph.nodes.kind[int(i)] != "neuron"]
+    units = ("neuron", "feature", "error")
+    bad = [int(i) for i in chosen if not 0 <= int(i) < len(graph.nodes) or graph.nodes.kind[int(i)] not in units]
     if bad:
-        raise ValueError(f"`nodes` must be numbers of neuron nodes (graph.nodes.where('neuron')); got {bad[:5]}")
+        raise ValueError(
+            f"`nodes` must be numbers of neuron, feature or error nodes (graph.nodes.where('neuron'), ...); got "
+            f"{bad[:5]}"
+        )
     acts = graph.nodes.activation.to(graph.adjacency.dtype)
     factor = torch.ones(len(graph.nodes), dtype=graph.adjacency.dtype)
     factor[chosen] = scale
@@ -83,14 +91,23 @@ def verify(
 
 
 def _real_values(graph: AttributionGraph, model: nn.Module, chosen: torch.Tensor, scale: float) -> torch.Tensor:
-    """The logit nodes' values in the real model with the chosen neurons' activations scaled."""
+    """The logit nodes' values in the real model with the chosen nodes' activations scaled."""
     layout = lm_layout(model)
+    nodes = graph.nodes
+    kinds = [nodes.kind[int(i)] for i in chosen]
     names = {}
-    for layer in sorted(set(graph.nodes.layer[chosen].tolist())):
-        here = chosen[graph.nodes.layer[chosen] == layer]
-        factor = (graph.nodes.position[here], graph.nodes.index[here])
-        names[layout.layers[layer].mlp_parts.neurons] = Patch(_scaled(factor, scale))
-    with kept_state(model), torch.no_grad(), patch(model, names, site="input"):
+    for layer in sorted(set(nodes.layer[chosen].tolist())):
+        parts = layout.layers[layer]
+        sites = {"neuron": parts.mlp_parts.neurons if parts.mlp_parts else "", "error": f"{parts.mlp}.dictionary.error",
+                 "feature": f"{parts.mlp}.dictionary.features"}  # fmt: skip
+        for kind, site in sites.items():
+            here = chosen[(nodes.layer[chosen] == layer) & torch.tensor([k == kind for k in kinds])]
+            if len(here):
+                units = None if kind == "error" else nodes.index[here]  # an error: its whole vector
+                names[site] = Patch(_scaled((nodes.position[here], units), scale))
+    dictionaries = "feature" in kinds or "error" in kinds
+    spliced = splice(model, dict(graph.basis)) if dictionaries else contextlib.nullcontext()
+    with kept_state(model), torch.no_grad(), spliced, patch(model, names, site="input"):
         output = call(model, graph.inputs)
     z = getattr(output, "logits", output)[0, -1].double().cpu()
     logits = graph.nodes.where("logit")
@@ -98,13 +115,16 @@ def _real_values(graph: AttributionGraph, model: nn.Module, chosen: torch.Tensor
     return torch.where(foils >= 0, z[tokens] - z[foils.clamp_min(0)], z[tokens] - z.mean())
 
 
-def _scaled(where: tuple[torch.Tensor, torch.Tensor], scale: float) -> Any:
-    """A patch function: the activation with ``[0, positions, neurons]`` multiplied by ``scale``."""
-    positions, neurons = where
+def _scaled(where: tuple[torch.Tensor, torch.Tensor | None], scale: float) -> Any:
+    """A patch function: the activation with ``[0, positions, units]`` (``units`` None: every one) times ``scale``."""
+    positions, units = where
 
     def fn(a: torch.Tensor) -> torch.Tensor:
         out = a.clone()
-        out[0, positions.to(a.device), neurons.to(a.device)] *= scale
+        if units is None:
+            out[0, positions.to(a.device)] *= scale
+        else:
+            out[0, positions.to(a.device), units.to(a.device)] *= scale
         return out
 
     return fn

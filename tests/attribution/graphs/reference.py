@@ -4,6 +4,11 @@ Tiny float64 Llama (GQA) and GPT-2 forwards re-implemented by hand: the attentio
 (``output_attentions=True``), the norm scales are computed from the clean residual stream of this same forward, the
 token vectors and each layer's neuron activations are separate leaves. The pinned edge ``s -> t`` is then
 ``a_s * J[t, s]`` with ``J`` the Jacobian of the targets with respect to the leaves.
+
+With ``basis={layer: dictionary}`` that layer's MLP writes ``features @ W_dec + b_dec (+ h @ W_skip) + error`` from
+two leaves (the features and the error, ``MLP output - reconstruction`` at the clean point), and its targets are the
+features, encoded by hand from the weights: an SAE from the MLP's output (the MLP live), a transcoder from the MLP's
+input. An error's column is ``error . J[t, error]``.
 """
 
 from __future__ import annotations
@@ -24,8 +29,13 @@ def _gelu_new(x: torch.Tensor) -> torch.Tensor:
 class Reference:
     """The frozen model of ``ids`` in ``model`` (``"llama"`` or ``"gpt2"``), its targets as functions of leaves."""
 
-    def __init__(self, model: nn.Module, ids: torch.Tensor, kind: str, rules: str | None = None) -> None:
+    def __init__(
+        self, model: nn.Module, ids: torch.Tensor, kind: str, rules: str | None = None, basis: dict | None = None
+    ) -> None:
         self.model, self.ids, self.kind, self.rules = model, ids, kind, rules
+        self.basis = basis or {}
+        self.clean_features: dict[int, torch.Tensor] | None = None  # layer -> the encoder's clean pre-activations
+        self.errors: dict[int, torch.Tensor] | None = None  # layer -> (T, d): MLP output - reconstruction, clean
         with torch.no_grad():
             out = model(ids[None], output_attentions=True, use_cache=False)
         self.hf_logits = out.logits[0]
@@ -39,6 +49,11 @@ class Reference:
         self.activations = targets
         self.scales = [self._scale(x, i) for i, x in enumerate(inputs)]
         self.clean = pre
+        self.errors = {}
+        for layer, d in self.basis.items():
+            written = targets[layer] @ d.W_dec + d.b_dec + self._skip(self.mlp_inputs[layer], d)
+            self.errors[layer] = (self.mlp_outputs[layer] - written).detach()
+        self.clean_features = dict(self.feature_pre)
 
     # -- pieces --------------------------------------------------------------------------------------------------
     def _embed(self) -> torch.Tensor:
@@ -107,6 +122,29 @@ class Reference:
             return a @ mlp.c_proj.weight + mlp.c_proj.bias
         return a @ self.model.model.layers[layer].mlp.down_proj.weight.T
 
+    def _skip(self, h: torch.Tensor, d: nn.Module) -> torch.Tensor | float:
+        return h @ d.W_skip if getattr(d, "W_skip", None) is not None else 0.0
+
+    def _encode(self, h: torch.Tensor, y: torch.Tensor, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """A dictionary's pre-activations and features: an SAE reads the MLP's output, a transcoder its input."""
+        d = self.basis[layer]
+        if type(d).__name__ == "SAE":
+            pre = (y - d.b_dec if d.subtract_b_dec else y) @ d.W_enc + d.b_enc
+        else:
+            pre = h @ d.W_enc + d.b_enc
+        if d.activation == "relu":
+            f = pre.clamp_min(0)
+        elif d.activation == "jumprelu":
+            f = torch.where(pre > d.threshold, pre, torch.zeros_like(pre))
+        else:  # topk: the k largest positive pre-activations per position
+            keep = pre.clamp_min(0).argsort(-1, descending=True)[..., : d.k]
+            f = torch.zeros_like(pre).scatter(-1, keep, pre.gather(-1, keep).clamp_min(0))
+        if self.rules == "relp" and self.clean_features is not None:  # the identity rule f / pre at the clean point
+            clean = self.clean_features[layer]
+            ratio = torch.where(clean != 0, self.activations[layer] / clean, torch.zeros_like(clean))
+            return pre, ratio.detach() * pre
+        return pre, f
+
     def _unembed(self, h: torch.Tensor) -> torch.Tensor:
         return h @ self.model.lm_head.weight.T
 
@@ -115,15 +153,33 @@ class Reference:
         """Targets per layer, logits, each norm's input, the pre-activations; ``held``: the neurons the MLPs write.
 
         ``factors``: per layer ``(T, width)``, multiplies the neurons (live, not held) before they are written.
+        At a layer of ``self.basis`` the target is the features and ``held[layer]`` is ``(features, error)``; without
+        ``held`` the layer writes its live features and its clean error (the replacement model; the clean run before
+        the errors are known writes the MLP's output), ``factors[layer]`` ``(T, features + 1)`` multiplying both.
         """
         x, targets, inputs, pre_all = x0, [], [], []
+        self.mlp_inputs, self.mlp_outputs, self.feature_pre = {}, {}, {}
         for layer in range(len(self.patterns)):
             inputs.append(x)
             x = x + self._attention(self._norm(x, 2 * layer), layer)
             inputs.append(x)
-            pre = self._pre(self._norm(x, 2 * layer + 1), layer)
+            h = self._norm(x, 2 * layer + 1)
+            pre = self._pre(h, layer)
             pre_all.append(pre)
             a = self._activation(pre, layer)
+            if layer in self.basis:
+                d, y = self.basis[layer], self._write(a, layer)
+                self.mlp_inputs[layer], self.mlp_outputs[layer] = h, y
+                self.feature_pre[layer], f = self._encode(h, y, layer)
+                targets.append(f)
+                if held is None and self.errors is None:
+                    x = x + y
+                    continue
+                features, error = held[layer] if held is not None else (f, self.errors[layer])
+                if factors is not None:
+                    features, error = features * factors[layer][:, :-1], error * factors[layer][:, -1:]
+                x = x + features @ d.W_dec + d.b_dec + self._skip(h, d) + error
+                continue
             targets.append(a)
             written = a if held is None else held[layer]
             x = x + self._write(written if factors is None else written * factors[layer], layer)
@@ -131,47 +187,76 @@ class Reference:
         return targets, self._unembed(self._norm(x, len(inputs) - 1)), inputs, pre_all
 
     def expected(self, nodes, logit_tokens: torch.Tensor, foils: torch.Tensor) -> torch.Tensor:
-        """The dense ``(n, n)`` pinned adjacency for the graph's ``nodes`` (neuron, token and logit nodes)."""
+        """The dense ``(n, n)`` pinned adjacency for the graph's nodes (neurons, features, errors, tokens, logits)."""
         layers = len(self.patterns)
-        held = [a.detach() for a in self.activations]
+        leaves, owner = [], []  # the flat leaves after the tokens: per layer its units, then its error if any
+        for layer in range(layers):
+            leaves.append(self.activations[layer].detach())
+            owner.append((layer, "units"))
+            if layer in self.basis:
+                leaves.append(self.errors[layer])
+                owner.append((layer, "error"))
 
-        def targets(x0: torch.Tensor, *neurons: torch.Tensor) -> tuple[torch.Tensor, ...]:
-            found, logits, _, _ = self.forward(x0, list(neurons))
+        def targets(x0: torch.Tensor, *flat: torch.Tensor) -> tuple[torch.Tensor, ...]:
+            mine: dict[int, list[torch.Tensor]] = {}
+            for (layer, _), leaf in zip(owner, flat, strict=True):
+                mine.setdefault(layer, []).append(leaf)
+            held = [tuple(mine[i]) if i in self.basis else mine[i][0] for i in range(layers)]
+            found, logits, _, _ = self.forward(x0, held)
             z = logits[-1]
             pairs = zip(logit_tokens, foils, strict=True)
             values = torch.stack([z[t] - (z[f] if f >= 0 else z.mean()) for t, f in pairs])
             return (*found, values)
 
-        jac = torch.autograd.functional.jacobian(targets, (self.x0.detach(), *held), vectorize=True)
-        full = []  # one row per target (every neuron, then the logits), one column per source (tokens, neurons)
+        jac = torch.autograd.functional.jacobian(targets, (self.x0.detach(), *leaves), vectorize=True)
+        full = []  # one row per target (every unit, then the logits), one column per source (tokens, units, errors)
         for block in jac:
             rows = block[0].shape[: block[0].dim() - 2].numel()
-            tokens = (block[0] * self.x0).sum(-1).reshape(rows, -1)
-            neurons = [(b * h).reshape(rows, -1) for b, h in zip(block[1:], held, strict=True)]
-            full.append(torch.cat([tokens, *neurons], 1))
+            columns = [(block[0] * self.x0).sum(-1).reshape(rows, -1)]
+            for (_, what), b, leaf in zip(owner, block[1:], leaves, strict=True):
+                product = b * leaf
+                columns.append((product.sum(-1) if what == "error" else product).reshape(rows, -1))
+            full.append(torch.cat(columns, 1))
         full_matrix = torch.cat(full)
-        t, w = held[0].shape
-        kind = nodes.kind
-        position, index, layer = nodes.position, nodes.index, nodes.layer
-        neuron = torch.tensor([k == "neuron" for k in kind])
-        logit = torch.tensor([k == "logit" for k in kind])
-        logit_rank = torch.cumsum(logit.long(), 0) - 1
-        row = torch.where(logit, layers * t * w + logit_rank, layer.clamp_min(0) * t * w + position * w + index)
-        column = torch.where(neuron, t + layer.clamp_min(0) * t * w + position * w + index, position)
-        source = ~logit
-        out = torch.zeros(len(kind), len(kind), dtype=torch.float64)
-        targets_ = (neuron | logit).nonzero().flatten()
-        sources = source.nonzero().flatten()
-        out[targets_[:, None], sources[None]] = full_matrix[row[targets_][:, None], column[sources][None]]
+        t = len(self.ids)
+        row_start, column_start, error_start, row, column = {}, {}, {}, 0, t
+        for layer in range(layers):
+            width = self.activations[layer].shape[-1]
+            row_start[layer], column_start[layer] = row, column
+            row, column = row + t * width, column + t * width
+            if layer in self.basis:
+                error_start[layer], column = column, column + t
+        out = torch.zeros(len(nodes), len(nodes), dtype=torch.float64)
+        logit_rank = 0
+        target_rows, source_columns = {}, {}
+        for i in range(len(nodes)):
+            node = nodes[i]
+            if node.kind in ("neuron", "feature"):
+                width = self.activations[node.layer].shape[-1]
+                target_rows[i] = row_start[node.layer] + node.position * width + node.index
+                source_columns[i] = column_start[node.layer] + node.position * width + node.index
+            elif node.kind == "error":
+                source_columns[i] = error_start[node.layer] + node.position
+            elif node.kind == "token":
+                source_columns[i] = node.position
+            else:
+                target_rows[i] = row + logit_rank
+                logit_rank += 1
+        r = torch.tensor(list(target_rows.values()))
+        c = torch.tensor(list(source_columns.values()))
+        chosen = full_matrix[r[:, None], c[None]]
+        out[torch.tensor(list(target_rows))[:, None], torch.tensor(list(source_columns))[None]] = chosen
         return out.detach()
 
     def total_effect(self, chosen: list[tuple[int, int, int]], logit_tokens: torch.Tensor) -> torch.Tensor:
-        """d(logit values) / d(eps) when the chosen neurons are multiplied by ``1 + eps``, all neurons live."""
+        """d(logit values) / d(eps) when the chosen neurons (features, errors: index -1) are multiplied by ``1 + eps``,
+        all neurons and features live, errors held."""
         layers = len(self.patterns)
-        t, w = self.activations[0].shape
+        t = len(self.ids)
 
         def values(eps: torch.Tensor) -> torch.Tensor:
-            factors = [torch.ones(t, w, dtype=torch.float64) for _ in range(layers)]
+            widths = [self.activations[i].shape[-1] + (i in self.basis) for i in range(layers)]
+            factors = [torch.ones(t, widths[i], dtype=torch.float64) for i in range(layers)]
             for layer, position, index in chosen:
                 factors[layer] = factors[layer].index_put((torch.tensor(position), torch.tensor(index)), 1 + eps)
             _, logits, _, _ = self.forward(self.x0.detach(), None, factors)

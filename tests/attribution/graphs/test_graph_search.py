@@ -124,7 +124,8 @@ def test_the_model_is_left_as_found_also_after_an_error(llama):
 @pytest.mark.parametrize(
     ("kwargs", "error", "match"),
     [
-        ({"basis": {"model.layers.0.mlp": object()}}, ValueError, "`basis` must be 'neurons'"),
+        ({"basis": "features"}, ValueError, "`basis` must be 'neurons'"),
+        ({"basis": {"model.layers.0.mlp": object()}}, TypeError, "must be an SAE or a Transcoder"),
         ({"rules": "lrp"}, ValueError, "`rules` must be None"),
         ({"batch_size": 0}, ValueError, "`batch_size` must be a positive int"),
         ({"max_nodes": -1}, ValueError, "`max_nodes` must be None or an int"),

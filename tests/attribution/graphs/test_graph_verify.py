@@ -61,7 +61,7 @@ def test_the_prediction_is_the_frozen_models_total_derivative():
 
 
 def test_verify_refuses_what_it_cannot_do(llama, llama_graph):
-    with pytest.raises(ValueError, match="must be numbers of neuron nodes"):
+    with pytest.raises(ValueError, match="must be numbers of neuron, feature or error nodes"):
         llama_graph.verify(llama, [len(llama_graph.nodes) - 1])
     with pytest.raises(ValueError, match="leave `scale` at 0"):
         llama_graph.verify(llama, [0], scale=2.0)
