@@ -17,6 +17,7 @@ from attribution.graphs import AttributionGraph, Nodes, attribution_graph
 from tests.attribution.graphs.conftest import IDS
 from tests.attribution.graphs.reference import Reference
 from tests.attribution.graphs.test_graph_influence import _dense_prune
+from tests.attribution.graphs.test_graph_search import _count_engine_runs
 from tests.attribution.models import lm64
 from tests.support import hook_state
 
@@ -195,14 +196,7 @@ def test_relp_changes_what_runs_through_the_mlp_only(llama):
 
 @pytest.mark.parametrize(("max_nodes", "batch_size"), [(None, 64), (30, 7)])
 def test_autograd_runs_and_max_nodes_count_features(llama, monkeypatch, max_nodes, batch_size):
-    runs = [0]
-    original = torch.autograd._engine_run_backward
-
-    def counted(*args, **kwargs):
-        runs[0] += 1
-        return original(*args, **kwargs)
-
-    monkeypatch.setattr(torch.autograd, "_engine_run_backward", counted)
+    runs = _count_engine_runs(monkeypatch)
     basis = {"model.layers.1.mlp": _dictionary("sae-relu")}
     graph = attribution_graph(llama, IDS, basis=basis, max_nodes=max_nodes, batch_size=batch_size, progress=False)
     units = len(graph.nodes.where("neuron")) + len(graph.nodes.where("feature"))
