@@ -2,8 +2,8 @@
 
 Run from the repository root: python -m benchmarks.ablationcam_speed [--rounds 1] [--size 96] [--batch-size 32]
 Both ablate ``--batch-size`` channels per forward. pytorch-grad-cam runs the whole network on each batch of ablated
-copies (2048 / 32 = 64 forwards of 32 images per image); ours runs the backbone up to layer4 at batch size 1 and
-only what follows layer4 (pooling and the classifier) on the copies. Floor: one plain forward under no_grad. The
+copies (2048 / 32 = 64 forwards of 32 images per image); ours runs the backbone up to layer4 once and only what
+follows layer4 (pooling and the classifier) on the copies. Floor: one plain forward under no_grad. The
 images are small (96x96 by default) so that pytorch-grad-cam's run stays within minutes on two threads.
 """
 
