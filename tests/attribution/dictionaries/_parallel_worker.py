@@ -8,6 +8,7 @@ checkpoints the process wrote and how many steps had an AuxK loss.
 from __future__ import annotations
 
 import json
+import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -73,7 +74,7 @@ def run(name: str, out: Path) -> Dictionary:
     """Train the run ``name`` into ``out / name``; returns the dictionary."""
     make, arguments, options = RUNS[name]
     model, data, site = arguments()
-    torch.manual_seed(0)
+    torch.manual_seed(int(os.environ.get("RANK", "0")))  # another start in each process: rank 0's is broadcast
     dictionary = make()
     return train_dictionary(model, data, site, dictionary, out=out / name, **options, **COMMON)
 
