@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 
 
@@ -51,6 +53,99 @@ def jumprelu(pre: torch.Tensor, threshold: torch.Tensor) -> torch.Tensor:
 def thresholded(pre: torch.Tensor, threshold: torch.Tensor) -> torch.Tensor:
     """``relu(pre) * (pre > threshold)``: BatchTopK at inference, one threshold for every feature."""
     return torch.relu(pre) * (pre > threshold).to(pre.dtype)
+
+
+def rectangle(u: torch.Tensor) -> torch.Tensor:
+    """The rectangle kernel ``1 if -1/2 < u < 1/2 else 0`` (Rajamanoharan et al. 2024).
+
+    Example:
+        >>> rectangle(torch.tensor([-0.5, -0.2, 0.0, 0.49, 0.5]))
+        tensor([0., 1., 1., 1., 0.])
+    """
+    return ((u > -0.5) & (u < 0.5)).to(u.dtype)
+
+
+class _JumpReLU(torch.autograd.Function):
+    """``pre * (pre > threshold)`` with the straight-through estimator of the threshold's gradient."""
+
+    @staticmethod
+    def forward(ctx: Any, pre: torch.Tensor, threshold: torch.Tensor, bandwidth: float) -> torch.Tensor:
+        ctx.save_for_backward(pre, threshold)
+        ctx.bandwidth = bandwidth
+        return pre * (pre > threshold).to(pre.dtype)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, None]:
+        pre, threshold = ctx.saved_tensors
+        kernel = rectangle((pre - threshold) / ctx.bandwidth)
+        to_threshold = (-(threshold / ctx.bandwidth) * kernel * grad).reshape(-1, pre.shape[-1]).sum(0)
+        return (pre > threshold).to(grad.dtype) * grad, to_threshold, None
+
+
+class _Step(torch.autograd.Function):
+    """``pre > threshold`` as 0/1 with the straight-through estimator of the threshold's gradient (none to ``pre``)."""
+
+    @staticmethod
+    def forward(ctx: Any, pre: torch.Tensor, threshold: torch.Tensor, bandwidth: float) -> torch.Tensor:
+        ctx.save_for_backward(pre, threshold)
+        ctx.bandwidth = bandwidth
+        return (pre > threshold).to(pre.dtype)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[None, torch.Tensor, None]:
+        pre, threshold = ctx.saved_tensors
+        kernel = rectangle((pre - threshold) / ctx.bandwidth)
+        return None, (-(1 / ctx.bandwidth) * kernel * grad).reshape(-1, pre.shape[-1]).sum(0), None
+
+
+def jumprelu_ste(pre: torch.Tensor, threshold: torch.Tensor, bandwidth: float) -> torch.Tensor:
+    """:func:`jumprelu` whose gradients are the paper's (Rajamanoharan et al. 2024, eq. 11).
+
+    ``d/d pre = (pre > threshold)``; ``d/d threshold = -(threshold / bandwidth) * rectangle((pre - threshold) /
+    bandwidth)``, summed over the rows, a straight-through estimate of the jump's derivative.
+
+    Example:
+        >>> t = torch.tensor([0.5], requires_grad=True)
+        >>> jumprelu_ste(torch.tensor([[0.52], [0.9]]), t, 0.1).sum().backward()
+        >>> t.grad  # only the first row is within bandwidth / 2 of the threshold: -0.5 / 0.1
+        tensor([-5.])
+    """
+    return _JumpReLU.apply(pre, threshold, bandwidth)
+
+
+def step_ste(pre: torch.Tensor, threshold: torch.Tensor, bandwidth: float) -> torch.Tensor:
+    """``(pre > threshold)`` as 0/1, summed into the L0 penalty; straight-through gradient to the threshold.
+
+    ``d/d threshold = -(1 / bandwidth) * rectangle((pre - threshold) / bandwidth)`` (Rajamanoharan et al. 2024,
+    eq. 12), summed over the rows; no gradient to ``pre``.
+
+    Example:
+        >>> t = torch.tensor([0.5], requires_grad=True)
+        >>> step_ste(torch.tensor([[0.52], [0.9]]), t, 0.1).sum().backward()
+        >>> t.grad
+        tensor([-10.])
+    """
+    return _Step.apply(pre, threshold, bandwidth)
+
+
+def l1_penalty(features: torch.Tensor, decoder: torch.Tensor) -> torch.Tensor:
+    """``sum_i f_i |W_dec[i]|`` per vector: the L1 norm of the features weighted by their decoder rows' norms.
+
+    Example:
+        >>> l1_penalty(torch.tensor([[1.0, 2.0]]), torch.tensor([[3.0, 4.0], [0.0, 0.5]]))  # 1 * 5 + 2 * 0.5
+        tensor([6.])
+    """
+    return (features.abs() * decoder.norm(dim=-1)).sum(-1)
+
+
+def warmed_up(value: float, step: int, steps: int) -> float:
+    """``value`` scaled by ``(step + 1) / steps`` during the first ``steps`` steps (a linear warm-up), then itself.
+
+    Example:
+        >>> [warmed_up(2.0, s, 4) for s in range(5)]
+        [0.5, 1.0, 1.5, 2.0, 2.0]
+    """
+    return value * (step + 1) / steps if step < steps else value
 
 
 def unit_rows(weight: torch.Tensor) -> torch.Tensor:

@@ -15,13 +15,15 @@ import torch
 from torch import nn
 
 from .._progress import progress as progress_bar
-from . import _math
+from . import _math, _parallel
 from ._activations import Rows, open_source, record_shards
-from .modules import SAE, Dictionary, Transcoder
+from .modules import SAE, Dictionary, Transcoder, reconstruct
 
 CHECKPOINT, SETTINGS = "checkpoint.pt", "training.json"
 AUX_ALPHA = 1 / 32  # the AuxK loss's weight (Gao et al. 2024, appendix A.2)
 THRESHOLD_BETA = 0.99  # BatchTopK's threshold: a running mean of the smallest kept activation
+JUMPRELU_START = 0.01  # a JumpReLU threshold that is not positive starts here (SAELens's jumprelu_init_threshold)
+PENALTIES = {"relu": "l1_coefficient", "jumprelu": "l0_coefficient"}
 
 
 @dataclass(frozen=True)
@@ -38,6 +40,10 @@ class _Plan:
     lr: float
     seed: int
     dead_after: int
+    l1_coefficient: float | None = None  # ReLU's penalty (None for the other activations, also in older runs)
+    l0_coefficient: float | None = None  # JumpReLU's penalty
+    bandwidth: float | None = None  # JumpReLU's kernel width
+    sparsity_warmup: int | None = None  # steps over which the penalty's coefficient rises to its value
 
 
 def train_dictionary(
@@ -53,27 +59,52 @@ def train_dictionary(
     seed: int = 0,
     checkpoint_every: int | None = None,
     progress: bool = True,
+    l1_coefficient: float | None = None,
+    l0_coefficient: float | None = None,
+    bandwidth: float | None = None,
+    sparsity_warmup: int = 0,
 ) -> Dictionary:
     """Train ``dictionary`` in place on the activations of ``site``, resumably; returns it.
 
     The activations of every position of ``data`` are recorded with :func:`~attribution.attribute_dataset` into
     ``out/activations`` (shards fingerprinted by the model's weights, the site and the data; verified; resumable; one
     writer); a transcoder's rows hold the module's input and output side by side. Training then takes the rows in a
-    seeded random order (one permutation per pass over the data), ``batch_size`` rows per step:
+    seeded random order (one permutation per pass over the data), ``batch_size`` rows per step. The loss is
+    ``sum |x_hat - y|^2`` per row (``y = x`` for an SAE, the module's output for a transcoder), averaged, plus what
+    the activation adds:
 
-    * loss: ``sum |x_hat - y|^2`` per row (``y = x`` for an SAE, the module's output for a transcoder), averaged,
-      plus ``1/32`` of the AuxK loss (Gao et al. 2024): the error predicted from the ``d_in // 2`` largest
-      pre-activations of the dead features (not fired for the last tenth of the tokens, at most 10M), normalised
-      by the error's variance;
     * ``topk`` trains as it encodes; ``batchtopk`` keeps the ``k x rows`` largest activations of the batch and learns
-      its inference threshold as a running mean (0.99) of the smallest one kept;
-    * Adam (``lr`` default ``2e-4 / sqrt(n_features / 2**14)``, Gao et al.'s scaling), the decoder gradient's
-      component along each row removed before the step and the rows set back to unit norm after it; a fresh
-      dictionary's ``b_dec`` (all zeros) starts at the mean target of the first batch.
+      its inference threshold as a running mean (0.99) of the smallest one kept. Both add ``1/32`` of the AuxK loss
+      (Gao et al. 2024): the error predicted from the ``d_in // 2`` largest pre-activations of the dead features (not
+      fired for the last tenth of the tokens, at most 10M), normalised by the error's variance. The decoder rows are
+      kept at unit norm: the decoder gradient's component along each row is removed before the step and the rows
+      are set back to unit norm after it.
+    * ``relu`` adds the L1 penalty ``l1_coefficient * sum_i f_i |W_dec[i]|`` per row (SAELens's standard SAE,
+      Anthropic's April 2024 update): the decoder rows' norms are free and weigh their features.
+    * ``jumprelu`` (Rajamanoharan et al. 2024) adds the L0 penalty ``l0_coefficient * sum_i H(pre_i - t_i)`` per
+      row; the thresholds ``t = exp(log_t)`` are learned through straight-through estimators with the rectangle
+      kernel of width ``bandwidth``: ``d f_i / d t_i = -(t_i / bandwidth) K((pre_i - t_i) / bandwidth)`` and ``d
+      H / d t_i = -(1 / bandwidth) K(...)``, ``K(u) = 1`` for ``|u| < 1/2``; no gradient reaches ``pre`` through
+      the step. A threshold that is not positive (a fresh dictionary's zeros) starts at 0.01 (as SAELens's); set
+      ``dictionary.threshold`` before training to start elsewhere. The decoder rows' norms are free.
+    * ``sparsity_warmup`` steps raise the penalty's coefficient linearly from ``coefficient / sparsity_warmup``
+      to its value (SAELens's ``l1_warm_up_steps`` / ``l0_warm_up_steps``).
 
-    Every ``checkpoint_every`` steps the state (dictionary, optimizer, dead-feature counters, step) is written to
-    ``out/checkpoint.pt`` atomically. The same call again on the same ``out`` resumes from it and ends bitwise equal
-    (on the CPU) to a run that was never interrupted; once finished it returns the stored result at once.
+    Adam (``lr`` default ``2e-4 / sqrt(n_features / 2**14)``, Gao et al.'s scaling); a fresh dictionary's ``b_dec``
+    (all zeros) starts at the mean target of the first batch.
+
+    Every ``checkpoint_every`` steps the state (dictionary, optimizer, dead-feature counters, JumpReLU's log
+    thresholds, step) is written to ``out/checkpoint.pt`` atomically. The same call again on the same ``out``
+    resumes from it and ends bitwise equal (on the CPU, with the same number of processes) to a run that was never
+    interrupted; once finished it returns the stored result at once.
+
+    Under ``torchrun`` (or any process group with more than one process) the call is data parallel: every process
+    records its share of the shards, then takes its contiguous share of each step's ``batch_size`` rows, the losses
+    are normalised by the whole batch, the gradients summed over the processes (one all-reduce), BatchTopK's
+    selection, the AuxK normaliser and the dead-feature counters computed over the whole batch, and every process
+    makes the same Adam step; rank 0 alone writes the settings and the checkpoints. The result equals a one-process
+    run with the same ``batch_size`` to float rounding (sums taken in another order). Every process must make the
+    same call with the same ``data``.
 
     Args:
         model: the model whose ``site`` is recorded; ``None`` to train on given activations.
@@ -83,23 +114,31 @@ def train_dictionary(
             previous run).
         site: the module whose output an SAE reconstructs (a transcoder: whose input it reads and output it
             predicts); ``None`` with ``model=None``.
-        dictionary: an :class:`~attribution.SAE` or :class:`~attribution.Transcoder` with ``activation="topk"`` or
-            ``"batchtopk"``, on the device to train on (CPU or CUDA).
+        dictionary: an :class:`~attribution.SAE` or :class:`~attribution.Transcoder`, on the device to train on
+            (CPU or CUDA).
         out: the folder of the shards, the checkpoint and the settings.
         tokens: how many activations to train on (default: all recorded, once); more than recorded makes several
             passes.
-        batch_size: activations per optimizer step (also the token sequences per recording batch, at most 64).
+        batch_size: activations per optimizer step, over all processes (also the token sequences per recording
+            batch, at most 64).
         lr: Adam's learning rate.
         seed: the seed of the row order.
         checkpoint_every: steps between checkpoints (default: a tenth of the steps).
         progress: show progress bars.
+        l1_coefficient: the L1 penalty's weight; required for ``activation="relu"`` (its right value depends on the
+            activations' scale: larger is sparser), refused for the others.
+        l0_coefficient: the L0 penalty's weight; required for ``activation="jumprelu"``, refused for the others.
+        bandwidth: the width of JumpReLU's rectangle kernel, in the pre-activations' units (default 0.05, as
+            SAELens's ``jumprelu_bandwidth``).
+        sparsity_warmup: steps over which the penalty's coefficient rises linearly to its value (``relu`` and
+            ``jumprelu``).
 
     Returns:
         ``dictionary``, trained.
 
     Raises:
-        ValueError: an activation other than topk/batchtopk, activations of the wrong width (both named), ``out``
-            holding a run with other settings (named), no finite activation to train on.
+        ValueError: a penalty missing for its activation or given for another (named), activations of the wrong
+            width (both named), ``out`` holding a run with other settings (named), no finite activation to train on.
 
     Warns:
         UserWarning: activations holding NaN or inf, named by item, are left out of training.
@@ -113,19 +152,59 @@ def train_dictionary(
         ...                        lr=1e-2, progress=False)
         >>> float(sae.W_dec.detach().norm(dim=-1).max()) < 1 + 1e-5
         True
+        >>> relu = SAE(8, 32, activation="relu")
+        >>> relu = train_dictionary(None, torch.randn(512, 8), None, relu, out=tempfile.mkdtemp(), batch_size=128,
+        ...                         lr=1e-2, l1_coefficient=0.1, progress=False)
     """
     out = Path(out)
-    if dictionary.activation not in ("topk", "batchtopk"):
-        raise ValueError(
-            f"train_dictionary trains activation='topk' and 'batchtopk' dictionaries (sparsity set by k, no penalty "
-            f"to tune); got activation={dictionary.activation!r}"
-        )
+    penalties = _penalties(dictionary, l1_coefficient, l0_coefficient, bandwidth, sparsity_warmup)
+    rank, world = _parallel.setup()
     rows = _rows(model, data, site, dictionary, out, batch_size, progress)
-    plan = _planned(dictionary, rows, tokens, batch_size, lr, seed)
-    state = _resume(out, plan, dictionary)
+    plan = _planned(dictionary, rows, tokens, batch_size, lr, seed, penalties)
+    state = _resume(out, plan, dictionary, rank)
     every = checkpoint_every or max(1, plan.steps // 10)
-    _loop(dictionary, rows, plan, state, out, every, progress)
+    _loop(dictionary, rows, plan, state, out, every, progress, rank, world)
     return dictionary
+
+
+def _penalties(
+    dictionary: Dictionary, l1: float | None, l0: float | None, bandwidth: float | None, warmup: int
+) -> dict[str, Any]:
+    """The penalty settings of the dictionary's activation, checked; the others ``None``."""
+    activation = dictionary.activation
+    given = {"l1_coefficient": l1, "l0_coefficient": l0, "bandwidth": bandwidth}
+    wanted = {"relu": ("l1_coefficient",), "jumprelu": ("l0_coefficient", "bandwidth")}.get(activation, ())
+    for name, value in given.items():
+        if value is not None and name not in wanted:
+            raise ValueError(
+                f"`{name}` is a setting of activation={'jumprelu' if name != 'l1_coefficient' else 'relu'!r}; this "
+                f"{type(dictionary).__name__} has activation={activation!r}: leave it out"
+            )
+        if value is not None and (isinstance(value, bool) or not math.isfinite(value) or value < 0):
+            raise ValueError(f"`{name}` must be a non-negative number; got {value!r}")
+    if bandwidth is not None and bandwidth <= 0:
+        raise ValueError(f"`bandwidth` must be positive; got {bandwidth!r}")
+    needed = PENALTIES.get(activation)
+    if needed is not None and given[needed] is None:
+        what = "L1 penalty on the features" if activation == "relu" else "L0 penalty (active features per row)"
+        raise ValueError(
+            f"activation={activation!r} trains with an {what} whose weight depends on the activations' scale: give "
+            f"`{needed}` (SAELens's default is 1.0; larger is sparser)"
+        )
+    if isinstance(warmup, bool) or not isinstance(warmup, int) or warmup < 0:
+        raise ValueError(f"`sparsity_warmup` must be a non-negative int; got {warmup!r}")
+    if warmup and needed is None:
+        raise ValueError(
+            f"`sparsity_warmup` warms up the penalty of activation='relu' or 'jumprelu'; this "
+            f"{type(dictionary).__name__} has activation={activation!r}, whose sparsity is set by k: leave it out"
+        )
+    settings: dict[str, Any] = {"l1_coefficient": None, "l0_coefficient": None, "bandwidth": None}
+    if needed is None:
+        return {**settings, "sparsity_warmup": None}
+    settings[needed] = float(given[needed])  # type: ignore[arg-type]
+    if activation == "jumprelu":
+        settings["bandwidth"] = float(bandwidth if bandwidth is not None else 0.05)
+    return {**settings, "sparsity_warmup": warmup}
 
 
 def _rows(
@@ -154,7 +233,15 @@ def _rows(
     return rows
 
 
-def _planned(dictionary: Dictionary, rows: Rows, tokens: int | None, batch: int, lr: float | None, seed: int) -> _Plan:
+def _planned(
+    dictionary: Dictionary,
+    rows: Rows,
+    tokens: int | None,
+    batch: int,
+    lr: float | None,
+    seed: int,
+    penalties: dict[str, Any],
+) -> _Plan:
     total = len(rows) if tokens is None else int(tokens)
     if total < 1 or batch < 1:
         raise ValueError(f"`tokens` and `batch_size` must be positive; got {tokens!r} and {batch!r}")
@@ -170,6 +257,7 @@ def _planned(dictionary: Dictionary, rows: Rows, tokens: int | None, batch: int,
         lr=float(rate),
         seed=seed,
         dead_after=max(batch, min(total // 10, 10_000_000)),
+        **penalties,
     )
 
 
@@ -180,47 +268,72 @@ class _State:
     step: int
     optimizer: torch.optim.Adam
     last_fired: torch.Tensor  # (n_features,) the token count at which each feature last fired
+    log_threshold: torch.Tensor | None  # (n_features,) JumpReLU's trained parameter; threshold = exp(log_threshold)
 
 
-def _resume(out: Path, plan: _Plan, dictionary: Dictionary) -> _State:
-    """A fresh state, or the checkpoint's after checking that ``out`` holds the same run."""
+def _resume(out: Path, plan: _Plan, dictionary: Dictionary, rank: int = 0) -> _State:
+    """A fresh state, or the checkpoint's after checking that ``out`` holds the same run (rank 0 writes)."""
     out.mkdir(parents=True, exist_ok=True)
     settings = out / SETTINGS
     stored = json.loads(settings.read_text()) if settings.is_file() else None
-    if stored is not None and stored != asdict(plan):
-        differ = "; ".join(
-            f"{k}: {stored.get(k)!r} there, {v!r} now" for k, v in asdict(plan).items() if stored.get(k) != v
-        )
+    now = asdict(plan)
+    if stored is not None and any(stored.get(k) != v for k, v in now.items()):  # a key older runs lack reads None
+        differ = "; ".join(f"{k}: {stored.get(k)!r} there, {v!r} now" for k, v in now.items() if stored.get(k) != v)
         raise ValueError(
             f"`out` {str(out)!r} holds a training run with other settings ({differ}): use another folder, or delete "
             f"{settings.name} and {CHECKPOINT} there to start over"
         )
-    _atomic(settings, lambda tmp: tmp.write_text(json.dumps(asdict(plan), indent=1)))
-    optimizer = torch.optim.Adam(dictionary.parameters(), lr=plan.lr)
-    state = _State(0, optimizer, torch.zeros(dictionary.n_features, dtype=torch.long, device=dictionary.W_enc.device))
+    _parallel.barrier()  # every process has read the settings before rank 0 rewrites them
+    if rank == 0:
+        _atomic(settings, lambda tmp: tmp.write_text(json.dumps(now, indent=1)))
+    device = dictionary.W_enc.device
+    log_threshold = None
+    if dictionary.activation == "jumprelu":
+        start = torch.where(dictionary.threshold > 0, dictionary.threshold, torch.full_like(dictionary.threshold, 0.01))
+        log_threshold = start.log().detach().requires_grad_(True)
+    parameters = [*dictionary.parameters(), *([log_threshold] if log_threshold is not None else [])]
+    optimizer = torch.optim.Adam(parameters, lr=plan.lr)
+    state = _State(0, optimizer, torch.zeros(dictionary.n_features, dtype=torch.long, device=device), log_threshold)
     if (out / CHECKPOINT).is_file():
-        saved = torch.load(out / CHECKPOINT, map_location=dictionary.W_enc.device, weights_only=True)
+        saved = torch.load(out / CHECKPOINT, map_location=device, weights_only=True)
         dictionary.load_state_dict(saved["dictionary"])
         optimizer.load_state_dict(saved["optimizer"])
         state.step, state.last_fired = int(saved["step"]), saved["last_fired"]
+        if log_threshold is not None:
+            with torch.no_grad():
+                log_threshold.copy_(saved["log_threshold"])
+    _parallel.broadcast([*dictionary.state_dict().values(), *([log_threshold] if log_threshold is not None else [])])
+    if log_threshold is not None:
+        with torch.no_grad():
+            dictionary.threshold.copy_(log_threshold.exp())
     return state
 
 
 def _loop(
-    dictionary: Dictionary, rows: Rows, plan: _Plan, state: _State, out: Path, every: int, progress: bool
+    dictionary: Dictionary,
+    rows: Rows,
+    plan: _Plan,
+    state: _State,
+    out: Path,
+    every: int,
+    progress: bool,
+    rank: int = 0,
+    world: int = 1,
 ) -> None:
-    """Steps ``state.step .. plan.steps - 1``, a checkpoint every ``every`` steps and at the end."""
+    """Steps ``state.step .. plan.steps - 1``, a checkpoint every ``every`` steps and at the end (by rank 0)."""
     device = dictionary.W_enc.device
-    for step in progress_bar(range(state.step, plan.steps), desc="train_dictionary", enabled=progress):
-        batch = rows.take(_order(plan, step)).to(device=device, dtype=dictionary.W_enc.dtype)
+    for step in progress_bar(range(state.step, plan.steps), desc="train_dictionary", enabled=progress and rank == 0):
+        order = _order(plan, step)
+        batch = rows.take(_parallel.share(order, rank, world)).to(device=device, dtype=dictionary.W_enc.dtype)
         source, target = _split(dictionary, batch)
         if step == 0 and not dictionary.b_dec.any():
             with torch.no_grad():
-                dictionary.b_dec.copy_(target.mean(0))
-        _step(dictionary, state, source, target, plan, seen=step * plan.batch_size)
+                dictionary.b_dec.copy_(_parallel.all_sum(target.sum(0)) / len(order))
+        _step(dictionary, state, source, target, plan, step, len(order))
         state.step = step + 1
-        if state.step % every == 0 or state.step == plan.steps:
+        if rank == 0 and (state.step % every == 0 or state.step == plan.steps):
             _checkpoint(out, dictionary, state)
+    _parallel.barrier()  # the last checkpoint is written before any process returns
 
 
 def _order(plan: _Plan, step: int) -> np.ndarray:
@@ -248,39 +361,102 @@ def _split(dictionary: Dictionary, batch: torch.Tensor) -> tuple[torch.Tensor, t
     return batch[:, : dictionary.d_in], batch[:, dictionary.d_in :]
 
 
-def _step(
-    dictionary: Dictionary, state: _State, source: torch.Tensor, target: torch.Tensor, plan: _Plan, seen: int
-) -> None:
-    """One optimizer step: loss, gradient without its parallel part on the decoder, Adam, unit rows, counters."""
+def _features(
+    dictionary: Dictionary, pre: torch.Tensor, state: _State, plan: _Plan, total: int
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The training activations of ``pre`` (over the whole batch of ``total`` rows) and JumpReLU's thresholds."""
+    activation = dictionary.activation
+    if activation == "relu":
+        return _math.relu(pre), None
+    if activation == "jumprelu":
+        assert state.log_threshold is not None
+        assert plan.bandwidth is not None
+        threshold = state.log_threshold.exp()
+        return _math.jumprelu_ste(pre, threshold, plan.bandwidth), threshold
+    if activation == "topk":
+        return _math.topk(pre, dictionary.k), None
+    if not _parallel.active():
+        return _math.batch_topk(pre, dictionary.k), None
+    # BatchTopK over every process's rows: the (k x total)-th largest of all, from each process's largest
+    keep = dictionary.k * total
+    positive = torch.relu(pre)
+    flat = positive.detach().reshape(-1)
+    mine = flat.topk(min(keep, flat.numel())).values
+    mine = torch.cat([mine, mine.new_zeros(keep - len(mine))])
+    kth = _parallel.gather(mine).topk(keep).values[-1]
+    return positive * (positive >= kth).to(pre.dtype), None
+
+
+def _loss(
+    dictionary: Dictionary,
+    state: _State,
+    source: torch.Tensor,
+    target: torch.Tensor,
+    plan: _Plan,
+    step: int,
+    total: int,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """This process's part of the loss (over the batch's ``total`` rows), its features, pre-activations, error."""
     pre = dictionary.pre(source)
-    f = _math.batch_topk(pre, dictionary.k) if dictionary.activation == "batchtopk" else _math.topk(pre, dictionary.k)
-    skip = dictionary.skip_term(source) if isinstance(dictionary, Transcoder) else None
-    x_hat = dictionary.decode(f) + (skip if skip is not None else 0)
-    error = target - x_hat
-    loss = error.pow(2).sum(-1).mean()
-    fired = (f > 0).any(0)
-    now = seen + len(source)
+    f, threshold = _features(dictionary, pre, state, plan, total)
+    error = target - reconstruct(dictionary, f, source)
+    loss = error.pow(2).sum() / total
+    if plan.l1_coefficient is not None:
+        coefficient = _math.warmed_up(plan.l1_coefficient, step, plan.sparsity_warmup or 0)
+        loss = loss + coefficient * _math.l1_penalty(f, dictionary.W_dec).sum() / total
+    if threshold is not None:
+        assert plan.l0_coefficient is not None
+        assert plan.bandwidth is not None
+        coefficient = _math.warmed_up(plan.l0_coefficient, step, plan.sparsity_warmup or 0)
+        loss = loss + coefficient * _math.step_ste(pre, threshold, plan.bandwidth).sum() / total
+    return loss, f, pre, error
+
+
+def _step(
+    dictionary: Dictionary,
+    state: _State,
+    source: torch.Tensor,
+    target: torch.Tensor,
+    plan: _Plan,
+    step: int,
+    total: int,
+) -> None:
+    """One optimizer step: loss, gradients summed over the processes, Adam, the activation's bookkeeping."""
+    loss, f, pre, error = _loss(dictionary, state, source, target, plan, step, total)
+    fired = _parallel.any_over_processes((f > 0).any(0))
+    now = step * plan.batch_size + total
     state.last_fired = torch.where(fired, torch.full_like(state.last_fired, now), state.last_fired)
+    unit_rows = dictionary.activation in ("topk", "batchtopk")
     dead = (now - state.last_fired) >= plan.dead_after
-    if bool(dead.any()):
+    if unit_rows and bool(dead.any()):
         aux = _math.auxiliary_topk(pre, dead, dictionary.d_in // 2) @ dictionary.W_dec
         residual = error.detach()
-        scale = (residual - residual.mean(0)).pow(2).sum(-1).mean()
-        loss = loss + AUX_ALPHA * ((residual - aux).pow(2).sum(-1).mean() / scale).nan_to_num(0.0)
+        mean = _parallel.all_sum(residual.sum(0)) / total
+        scale = _parallel.all_sum((residual - mean).pow(2).sum()) / total
+        if bool(scale > 0):  # a batch of one row has no variance to normalise by (the same in every process)
+            loss = loss + AUX_ALPHA * (residual - aux).pow(2).sum() / total / scale
     state.optimizer.zero_grad(set_to_none=True)
     loss.backward()
+    parameters = [p for group in state.optimizer.param_groups for p in group["params"]]
+    _parallel.sum_gradients(parameters)
     with torch.no_grad():
-        assert dictionary.W_dec.grad is not None
-        dictionary.W_dec.grad.copy_(_math.without_parallel_gradient(dictionary.W_dec, dictionary.W_dec.grad))
+        if unit_rows:
+            assert dictionary.W_dec.grad is not None
+            dictionary.W_dec.grad.copy_(_math.without_parallel_gradient(dictionary.W_dec, dictionary.W_dec.grad))
         state.optimizer.step()
-        dictionary.W_dec.copy_(_math.unit_rows(dictionary.W_dec))
+        if unit_rows:
+            dictionary.W_dec.copy_(_math.unit_rows(dictionary.W_dec))
         if dictionary.activation == "batchtopk":
             kept = f[f > 0]
-            smallest = kept.min() if kept.numel() else torch.zeros((), device=f.device, dtype=f.dtype)
-            first = seen == 0
+            mine = kept.min() if kept.numel() else torch.full((), math.inf, device=f.device, dtype=f.dtype)
+            smallest = _parallel.min_over_processes(mine)
+            smallest = torch.where(torch.isinf(smallest), torch.zeros_like(smallest), smallest)
+            first = step == 0
             dictionary.threshold.copy_(
                 smallest if first else THRESHOLD_BETA * dictionary.threshold + (1 - THRESHOLD_BETA) * smallest
             )
+        if state.log_threshold is not None:
+            dictionary.threshold.copy_(state.log_threshold.exp())
 
 
 def _checkpoint(out: Path, dictionary: Dictionary, state: _State) -> None:
@@ -289,6 +465,7 @@ def _checkpoint(out: Path, dictionary: Dictionary, state: _State) -> None:
         "dictionary": dictionary.state_dict(),
         "optimizer": state.optimizer.state_dict(),
         "last_fired": state.last_fired,
+        **({"log_threshold": state.log_threshold.detach()} if state.log_threshold is not None else {}),
     }
     _atomic(out / CHECKPOINT, lambda tmp: torch.save(payload, tmp))
 

@@ -1,4 +1,5 @@
-"""train_dictionary: ground truth recovered, kill-and-resume bitwise, the dataset store's shards, bad activations."""
+"""train_dictionary: ground truth recovered (TopK, ReLU, JumpReLU), kill-and-resume bitwise, the dataset store's
+shards, bad activations."""
 
 from __future__ import annotations
 
@@ -34,6 +35,24 @@ def test_a_topk_sae_recovers_the_ground_truth_directions(tmp_path):
     torch.testing.assert_close(sae.W_dec.norm(dim=-1), torch.ones(64))  # unit decoder rows
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("activation", "penalty", "l0"),
+    [("relu", {"l1_coefficient": 1.0}, (3.5, 6.0)), ("jumprelu", {"l0_coefficient": 0.1}, (2.5, 3.5))],
+)
+def test_relu_and_jumprelu_saes_recover_the_ground_truth_directions(tmp_path, activation, penalty, l0):
+    truth, x = toy()
+    torch.manual_seed(1)
+    sae = SAE(16, 64, activation=activation)
+    assert best_cosines(truth, sae).mean() < 0.7
+    train_dictionary(None, x, None, sae, out=tmp_path, tokens=16 * len(x), batch_size=128, lr=1e-2, progress=False,
+                     **penalty)  # fmt: skip
+    cos = best_cosines(truth, sae)
+    assert cos.mean() >= 0.9, (cos.mean(), cos.min())
+    active = float((sae.encode(x) != 0).sum(-1).float().mean())  # 3 true directions per row
+    assert l0[0] <= active <= l0[1], active
+
+
 def interrupted(monkeypatch, at):
     """Make the training loop raise KeyboardInterrupt at step ``at`` (as a kill would stop it)."""
     real, calls = train_module._step, {"n": 0}
@@ -48,11 +67,19 @@ def interrupted(monkeypatch, at):
 
 
 @pytest.mark.parametrize(
-    "make", [lambda: SAE(8, 24, k=2), lambda: Transcoder(8, 4, 24, activation="batchtopk", k=2, skip=True)]
+    ("make", "penalty"),
+    [
+        (lambda: SAE(8, 24, k=2), {}),
+        (lambda: Transcoder(8, 4, 24, activation="batchtopk", k=2, skip=True), {}),
+        (lambda: SAE(8, 24, activation="relu"), {"l1_coefficient": 0.5, "sparsity_warmup": 10}),
+        (lambda: Transcoder(8, 4, 24, activation="jumprelu", skip=True), {"l0_coefficient": 0.2, "bandwidth": 0.5}),
+    ],
+    ids=["topk", "batchtopk-transcoder", "relu-warmup", "jumprelu-transcoder"],
 )
-def test_kill_and_resume_ends_bitwise_equal_to_an_uninterrupted_run(tmp_path, monkeypatch, make):
+def test_kill_and_resume_ends_bitwise_equal_to_an_uninterrupted_run(tmp_path, monkeypatch, make, penalty):
     x = torch.randn(600, 12 if isinstance(make(), Transcoder) else 8, generator=torch.Generator().manual_seed(0))
     options = {"tokens": 1000, "batch_size": 64, "lr": 3e-3, "seed": 5, "checkpoint_every": 3, "progress": False}
+    options |= penalty
     torch.manual_seed(0)
     whole = train_dictionary(None, x, None, make(), out=tmp_path / "whole", **options)
     with monkeypatch.context() as m:
@@ -68,6 +95,15 @@ def test_kill_and_resume_ends_bitwise_equal_to_an_uninterrupted_run(tmp_path, mo
     torch.manual_seed(123)  # a finished run returns the stored result whatever the fresh module holds
     again = train_dictionary(None, x, None, make(), out=tmp_path / "killed", **options)
     assert all(torch.equal(v, again.state_dict()[k]) for k, v in whole.state_dict().items())
+
+
+def test_a_last_batch_of_one_row_with_dead_features_leaves_the_dictionary_finite(tmp_path):
+    """AuxK normalises by the batch's variance, which one row has none of: the term is left out, not divided by 0."""
+    x = torch.randn(600, 8, generator=torch.Generator().manual_seed(0))
+    torch.manual_seed(0)
+    sae = train_dictionary(None, x, None, SAE(8, 48, k=1), out=tmp_path, tokens=1001, batch_size=100, lr=1e-2,
+                           progress=False)  # fmt: skip
+    assert all(torch.isfinite(p).all() for p in sae.parameters())
 
 
 def test_resuming_with_other_settings_is_refused_naming_them(tmp_path):
@@ -123,7 +159,7 @@ def test_nan_activations_are_named_and_left_out(tmp_path):
 
 
 def test_bad_dictionaries_and_widths_are_refused(tmp_path):
-    with pytest.raises(ValueError, match="trains activation='topk' and 'batchtopk'"):
+    with pytest.raises(ValueError, match="activation='relu' trains with an L1 penalty"):
         train_dictionary(None, torch.randn(8, 4), None, SAE(4, 8, activation="relu"), out=tmp_path, progress=False)
     with pytest.raises(ValueError, match=r"width 5, but the SAE reads d_in = 4"):
         train_dictionary(None, torch.randn(8, 5), None, SAE(4, 8, k=2), out=tmp_path, progress=False)
