@@ -17,9 +17,9 @@ import numpy as np
 import torch
 from torch import nn
 
+from .. import _distributed
 from .._progress import progress as progress_bar
 from ..patching import activation_patching
-from . import _distributed
 from ._shards import Results
 
 __all__ = ["ClassMeans", "PatchingMean", "class_means", "mean_patching"]

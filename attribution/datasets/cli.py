@@ -34,11 +34,11 @@ import torch
 from torch import nn
 from torch.utils.data import Dataset
 
-from .. import _maps
+from .. import _distributed, _maps
 from .._progress import progress as progress_bar
 from .._run import warn
 from ..cam import EigenCAM, GradCAM, GradCAMPlusPlus, HiResCAM, LayerCAM, ScoreCAM, XGradCAM
-from . import _distributed, _shipped
+from . import _shipped
 from ._lock import InUseError
 from ._shards import META, SETTINGS, SHARDS, Results
 from .runner import attribute_dataset

@@ -35,9 +35,10 @@ from tqdm.auto import tqdm
 
 from hooks import HookManager, map_tensors, tensors
 
+from .. import _distributed
 from .._progress import DELAY
 from .._run import WarningScope, warn
-from . import _distributed, _lock
+from . import _lock
 from ._identity import UNREADABLE, describe, item_digests, model_digest
 from ._lock import InUseError
 from ._shards import (

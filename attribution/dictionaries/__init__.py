@@ -14,11 +14,12 @@ leaves it exactly as it found it.
 from .directions import ablate_direction, diff_means, steer
 from .evaluate import DictionaryReport, evaluate_dictionary
 from .formats import load_dictionary
-from .modules import SAE, Transcoder
+from .modules import SAE, Dictionary, Transcoder
 from .splice import splice
 from .train import train_dictionary
 
 __all__ = [
+    "Dictionary",
     "DictionaryReport",
     "SAE",
     "Transcoder",

@@ -12,7 +12,7 @@ from torch import nn
 
 from .._inputs import call
 from .._run import kept_state
-from ..dictionaries import splice
+from ..dictionaries.splice import splice
 from ..models import lm_layout
 from ..patching import Patch, patch
 from ._math import predicted_change

@@ -17,9 +17,9 @@ import torch
 import torchvision
 from PIL import Image
 
-from attribution import GradCAM, open_results
+from attribution import GradCAM, _distributed, open_results
 from attribution.cli import ImageFolder, build_model, main
-from attribution.datasets import _distributed, _shards, cli
+from attribution.datasets import _shards, cli
 from tests.attribution.datasets import _worker as worker
 
 ROOT = Path(__file__).resolve().parents[3]

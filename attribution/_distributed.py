@@ -1,4 +1,8 @@
-"""``torch.distributed`` for dataset runs: a process group from torchrun's environment, shares, reductions."""
+"""``torch.distributed`` under ``torchrun``: a process group from its environment, shares, reductions.
+
+The dataset store's runs (``attribution/datasets``) and dictionary training (``attribution/dictionaries``) split
+their work over the processes with these; in one process every function is the identity (or takes everything).
+"""
 
 from __future__ import annotations
 
@@ -68,7 +72,7 @@ def all_sum(tensor: torch.Tensor) -> torch.Tensor:
     """The sum of ``tensor`` over all processes (a new tensor on the tensor's device; itself in one process)."""
     if not active():
         return tensor
-    reduced = tensor.to(device())
+    reduced = tensor.detach().to(device(), copy=True)  # a copy: the caller's tensor is never reduced in place
     dist.all_reduce(reduced, op=dist.ReduceOp.SUM)
     return reduced.to(tensor.device)
 
