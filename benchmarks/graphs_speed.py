@@ -1,7 +1,8 @@
 """Attribution graphs on SmolLM2-135M: time, autograd runs and peak memory against one forward + backward.
 
 Run from the repository root: python -m benchmarks.graphs_speed [--tokens 16 64 256] [--nodes 1000 5000]
-[--basis neurons transcoders]. ``transcoders``: a random TopK transcoder (8 x 576 = 4608 features, k = 32, with a
+[--basis neurons transcoders] [--progress]. ``--progress``: the graph's progress bar on stderr (of a ``--one``
+run: how far a long graph got). ``transcoders``: a random TopK transcoder (8 x 576 = 4608 features, k = 32, with a
 skip) at every layer's MLP in place of its neurons (the cost of a feature basis; the features mean nothing).
 Each (tokens, max_nodes, basis) runs in a fresh process (its peak resident memory is the process's, ``ru_maxrss``, minus
 what the loaded model held), the prompt is the first ``tokens`` tokens of a fixed English text, the target the
@@ -32,7 +33,7 @@ TEXT = (
 ) * 4
 
 
-def one(tokens: int, nodes: int, batch: int, basis: str = "neurons") -> dict[str, float]:
+def one(tokens: int, nodes: int, batch: int, basis: str = "neurons", progress: bool = False) -> dict[str, float]:
     """Time, runs and memory of one graph (in this process)."""
     sys.path.insert(0, "examples")
     from _smollm2 import load_smollm2
@@ -55,7 +56,7 @@ def one(tokens: int, nodes: int, batch: int, basis: str = "neurons") -> dict[str
         dictionaries = {f"model.layers.{i}.mlp": Transcoder(width, width, 8 * width, activation="topk", k=32, skip=True)
                         for i in range(model.config.num_hidden_layers)}  # fmt: skip
     start = time.perf_counter()
-    graph = attribution_graph(model, ids, basis=dictionaries, max_nodes=nodes, batch_size=batch, progress=False)
+    graph = attribution_graph(model, ids, basis=dictionaries, max_nodes=nodes, batch_size=batch, progress=progress)
     took = time.perf_counter() - start
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     units = len(graph.nodes.where("neuron")) + len(graph.nodes.where("feature"))
@@ -92,8 +93,9 @@ if __name__ == "__main__":
     parser.add_argument("--batch", type=int, default=32)
     parser.add_argument("--basis", nargs="+", choices=["neurons", "transcoders"], default=["neurons"])
     parser.add_argument("--one", type=int, nargs=2, default=None)
+    parser.add_argument("--progress", action="store_true")
     args = parser.parse_args()
     if args.one:
-        print(json.dumps(one(*args.one, args.batch, args.basis[0])))
+        print(json.dumps(one(*args.one, args.batch, args.basis[0], args.progress)))
     else:
         main(args.tokens, args.nodes, args.batch, args.basis)
