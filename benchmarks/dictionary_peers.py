@@ -1,6 +1,6 @@
 """Sparse dictionaries against the peers: SAELens, sparsify and dictionary_learning on the same cached activations.
 
-Run from the repository root: python -m benchmarks.dictionary_peers [--steps 32] [--venvs /work/venvs] [--write-inc]
+Run from the repository root: python -m benchmarks.dictionary_peers [--steps 24] [--venvs /work/venvs] [--write-inc]
 
 1. Activations, once: SmolLM2-135M-Instruct's layer-15 MLP output (``model.layers.15.mlp``) on the first 1024
    sequences of 64 tokens of the standard library's docstrings (the corpus of ``examples/dictionaries_smollm2.py``),
@@ -264,7 +264,7 @@ def main(steps: int, threads: int, work: Path, venvs: Path, only: list[str], wri
     (work / "results.json").write_text(json.dumps(results, indent=1))
     text = render(results, steps, threads)
     print(text)
-    if write_inc:
+    if write_inc:  # or later from the stored results: --from-results --write-inc
         (ROOT / "docs" / "methods" / "dictionaries_peers.inc").write_text(text)
 
 
@@ -275,37 +275,53 @@ def render(results: dict[str, dict], steps: int, threads: int) -> str:
     rows = []
     for name, r in results.items():
         if "seconds" not in r:
-            rows.append([name, "-", str(steps), str(BATCH), "-", "-", "-", "-", r.get("error", "?")])
+            rows.append([name, "-", str(steps), str(BATCH), "-", "-", "-", "-", "-", r.get("error", "?")])
             continue
         rate = steps * BATCH / r["seconds"]
         ratio = f"{rate / (steps * BATCH / ours['seconds']):.2f}x" if "seconds" in ours else "-"
         fvu = f"{r['fvu']:.4f}" if "fvu" in r else "-"
         l0 = f"{r['l0']:.1f}" if "l0" in r else "-"
-        rows.append([name, r["version"], str(steps), str(BATCH), f"{rate:.0f}", ratio, fvu, l0, r.get("error", "")])
+        dead = f"{100 * r['dead']:.1f}%" if "dead" in r else "-"
+        row = [name, r["version"], str(steps), str(BATCH), f"{rate:.0f}", ratio, fvu, l0, dead, r.get("error", "")]
+        rows.append(row)
     header = (
         f"TopK SAE 576 -> 4608, k = 32, Adam lr 4e-4, {steps} steps x {BATCH} rows of SmolLM2-135M layer-15 MLP "
         f"output; CPU, {threads} threads, torch {torch.__version__}; held-out FVU on 8,192 other rows"
     )
-    text = table(["trainer", "version", "steps", "batch", "tokens/s", "speed vs ours", "held-out FVU", "L0", "note"],
+    text = table(["trainer", "version", "steps", "batch", "tokens/s", "speed vs ours", "held-out FVU", "L0",
+                  "dead (held-out)", "note"],
                  rows)  # fmt: skip
-    body = "\n".join("   " + line for line in [header, *text.splitlines()])
+    loads = [f"{name} {r['load']}" for name, r in results.items() if "load" in r]
+    notes = [
+        "one run per trainer; load average (1/5/15 min, 2 cores) before -> after each: " + "; ".join(loads),
+        "each peer's own recipe otherwise: SAELens decoder_init_norm 0.1, decoder-norm rescaling, b_dec not started",
+        "at the data mean; sparsify eager decoder (SPARSIFY_DISABLE_TRITON=1), lr decaying linearly to 0;",
+        "dictionary_learning no AuxK in so short a run (dead after 10M tokens, fixed). See the script's docstring.",
+    ]
+    body = "\n".join(("   " + line).rstrip() for line in [header, *text.splitlines(), "", *notes])
     return ".. code-block:: text\n\n" + body + "\n"
 
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--steps", type=int, default=32)
+    parser.add_argument("--steps", type=int, default=24)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--work", type=Path, default=Path("/tmp/hookscope-dictionary-peers"))
     parser.add_argument("--venvs", type=Path, default=Path("/work/venvs"), help="<venvs>/<peer>/bin/python")
     parser.add_argument("--only", nargs="+", default=list(TRAINERS), choices=list(TRAINERS))
     parser.add_argument("--write-inc", action="store_true", help="write docs/methods/dictionaries_peers.inc")
+    parser.add_argument("--from-results", action="store_true", help="only render <work>/results.json (no training)")
     parser.add_argument("--record", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--train", choices=list(TRAINERS), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.record:
         torch.set_num_threads(args.threads)
         write_activations(args.work / "activations.npy")
+    elif args.from_results:
+        text = render(json.loads((args.work / "results.json").read_text()), args.steps, args.threads)
+        print(text)
+        if args.write_inc:
+            (ROOT / "docs" / "methods" / "dictionaries_peers.inc").write_text(text)
     elif args.train:
         train_one(args.train, args.work, args.steps, args.threads)
     else:
