@@ -172,7 +172,8 @@ def _saelens(path: Path) -> Dictionary:
     if cfg.get("rescale_acts_by_decoder_norm"):
         raise ValueError(
             f"{path / SAELENS[0]}: rescale_acts_by_decoder_norm=True; fold the decoder norms into the encoder first "
-            "(SAELens: sae.fold_W_dec_norm()) and save again"
+            "(SAELens: sae.fold_W_dec_norm(), then sae.cfg.rescale_acts_by_decoder_norm = False, which SAELens 6 "
+            "leaves set) and save again"
         )
     k = int(cfg.get("k") or (cfg.get("activation_fn_kwargs") or {}).get("k") or 1)
     subtract = bool(cfg.get("apply_b_dec_to_input", True))
