@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -181,3 +181,20 @@ def token_ids(model: nn.Module, input_ids: Any, what: str = "input_ids") -> torc
 def kind_of(x: Any) -> str:
     """``a <dtype> tensor`` or the type's name, for error messages."""
     return f"a {x.dtype} tensor" if isinstance(x, torch.Tensor) else type(x).__name__
+
+
+def decoder(tokenizer: Any) -> Callable[[int], str]:
+    """A function from a token id to its text: a tokenizer's ``decode``, a function, or ``[id]``.
+
+    Example:
+        >>> decoder(None)(5)
+        '[5]'
+    """
+    if tokenizer is None:
+        return lambda i: f"[{i}]"
+    decode = getattr(tokenizer, "decode", None)
+    if callable(decode):
+        return lambda i: str(decode([i]))
+    if callable(tokenizer):
+        return lambda i: str(tokenizer(i))
+    raise TypeError(f"`tokenizer` must be a tokenizer or a function from a token id to text; got {type(tokenizer)}")

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import html
 import json
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
+
+from .._inputs import decoder
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
@@ -55,7 +56,7 @@ class GenerationAttribution:
         import matplotlib.pyplot as plt
 
         scores, tokens = self._example(example)
-        text = _decoder(tokenizer)
+        text = decoder(tokenizer)
         labels = [text(int(t)).replace("\n", "\\n") for t in tokens]
         n, width = scores.shape
         if ax is None:
@@ -95,7 +96,7 @@ class GenerationAttribution:
             (True, False)
         """
         scores, tokens = self._example(example)
-        text = _decoder(tokenizer)
+        text = decoder(tokenizer)
         spans = []
         for j, token in enumerate(tokens.tolist()):
             kind = "prompt" if j < self.prompt_len else "gen"
@@ -106,17 +107,6 @@ class GenerationAttribution:
         if path is not None:
             Path(path).write_text(page, encoding="utf-8")
         return page
-
-
-def _decoder(tokenizer: Any) -> Callable[[int], str]:
-    if tokenizer is None:
-        return lambda i: f"[{i}]"
-    decode = getattr(tokenizer, "decode", None)
-    if callable(decode):
-        return lambda i: str(decode([i]))
-    if callable(tokenizer):
-        return lambda i: str(tokenizer(i))
-    raise TypeError(f"`tokenizer` must be a tokenizer or a function from a token id to text; got {type(tokenizer)}")
 
 
 _PAGE = """<!doctype html>

@@ -5,32 +5,15 @@ from __future__ import annotations
 import html
 import json
 import math
-from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from .._inputs import decoder
 from ._math import _cumulative
 from ._page import PAGE as _PAGE
 
 if TYPE_CHECKING:
     from .graph import AttributionGraph
-
-
-def decoder(tokenizer: Any) -> Callable[[int], str]:
-    """A function from a token id to its text: a tokenizer's ``decode``, a function, or ``[id]``.
-
-    Example:
-        >>> decoder(None)(5)
-        '[5]'
-    """
-    if tokenizer is None:
-        return lambda i: f"[{i}]"
-    decode = getattr(tokenizer, "decode", None)
-    if callable(decode):
-        return lambda i: str(decode([i]))
-    if callable(tokenizer):
-        return lambda i: str(tokenizer(i))
-    raise TypeError(f"`tokenizer` must be a tokenizer or a function from a token id to text; got {type(tokenizer)}")
 
 
 def _process(text: str) -> str:

@@ -6,7 +6,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from .export import decoder
+from .._inputs import decoder
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
