@@ -30,7 +30,7 @@ TEXT = (
     "walled city with a cathedral, a university and a harbour that sent ships across the sea. Its people were "
     "known for their skill with wool and glass, and for the long festival that closed every harvest, when the "
     "streets were filled with music and the bells of every church rang from dawn until late in the night. "
-) * 4
+) * 12  # 1,250 tokens
 
 
 def one(tokens: int, nodes: int, batch: int, basis: str = "neurons", progress: bool = False) -> dict[str, float]:
@@ -39,10 +39,14 @@ def one(tokens: int, nodes: int, batch: int, basis: str = "neurons", progress: b
     from _smollm2 import load_smollm2
 
     from attribution import Transcoder, attribution_graph
+    from attribution.graphs.build import memory_estimate
+    from attribution.models import lm_layout
 
     setup(2)
     model, tokenizer = load_smollm2()
     ids = torch.tensor(tokenizer.encode(TEXT, add_special_tokens=False)[:tokens])
+    if len(ids) < tokens:
+        raise ValueError(f"the text has {len(ids)} tokens, fewer than --tokens {tokens}: lengthen TEXT")
     base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     embeds = model.get_input_embeddings()(ids[None]).detach().requires_grad_(True)
     start = time.perf_counter()
@@ -62,8 +66,12 @@ def one(tokens: int, nodes: int, batch: int, basis: str = "neurons", progress: b
     units = len(graph.nodes.where("neuron")) + len(graph.nodes.where("feature"))
     targets = units + len(graph.nodes.where("logit"))
     bound = math.ceil(targets / batch) + 2
+    widths = list(graph.units)
+    errors = len(graph.nodes.where("error")) // tokens
+    estimate = sum(memory_estimate(lm_layout(model), tokens, widths, errors, units, batch, 4096, torch.float32))
     return {"tokens": tokens, "nodes": nodes, "basis": basis, "seconds": took, "floor": floor, "runs": graph.runs,
-            "bound": bound, "peak_gib": (peak - base) / 2**20, "edges": graph.adjacency._nnz()}  # fmt: skip
+            "bound": bound, "peak_gib": (peak - base) / 2**20, "estimate_gib": estimate / 2**30,
+            "edges": graph.adjacency._nnz()}  # fmt: skip
 
 
 def main(tokens: list[int], nodes: list[int], batch: int, bases: list[str]) -> None:
@@ -75,14 +83,16 @@ def main(tokens: list[int], nodes: list[int], batch: int, bases: list[str]) -> N
                            str(batch), "--basis", basis]  # fmt: skip
                 done = subprocess.run(command, capture_output=True, text=True, check=False)
                 if done.returncode:
-                    rows.append([t, n, basis, "failed: " + done.stderr.strip().splitlines()[-1][:60], "", "", "", ""])
+                    rows.append(
+                        [t, n, basis, "failed: " + done.stderr.strip().splitlines()[-1][:60], "", "", "", "", ""]
+                    )
                     continue
                 r = json.loads(done.stdout.strip().splitlines()[-1])
                 ratio = r["seconds"] / r["floor"]
                 rows.append([t, n, basis, f"{r['seconds']:.0f} s", f"{ratio:.0f}x", f"{r['runs']} ({r['bound']})",
-                             f"{r['peak_gib']:.2f} GiB", r["edges"]])  # fmt: skip
+                             f"{r['peak_gib']:.2f} GiB", f"{r['estimate_gib']:.2f} GiB", r["edges"]])  # fmt: skip
                 print(rows[-1], flush=True)
-    header = ["tokens", "max_nodes", "basis", "time", "/ fwd+bwd", "runs (bound)", "peak memory", "edges"]
+    header = ["tokens", "max_nodes", "basis", "time", "/ fwd+bwd", "runs (bound)", "peak memory", "estimate", "edges"]
     print(table(header, rows))
 
 

@@ -6,7 +6,7 @@ One forward of the real model with hooks (one :class:`attribution._run.HookedRun
 * every LayerNorm/RMSNorm gets the LN-rule (its scale ``1 / std`` or ``1 / rms`` held at the clean value);
 * the query and key projections' outputs are detached, so the attention probabilities are constants;
 * each MLP's down projection gets a new leaf as its input (the neuron activations, held), and the activation as
-  computed is kept as that layer's targets;
+  computed is kept as that layer's targets; the MLP's input and its up (and gate) projections' outputs are kept too;
 * at an MLP with a dictionary instead (:func:`dictionary_hooks`), the features as computed are the targets and the
   MLP writes ``decode(features) (+ skip) + error`` from two leaves, the held features and the held error;
 * with ``rules="relp"``, RelP's rules go on first (identity rule on the activation, half rule on a gated product).
@@ -14,12 +14,19 @@ One forward of the real model with hooks (one :class:`attribution._run.HookedRun
 In this graph the only paths from a source to a target pass through no other node, and a target's activation is
 differentiated at the clean point (or through RelP's rules). A row is ``a_s * d a_t / d a_s`` for every source.
 
+A neuron's rows are injected at its MLP's input, not at the neuron: a neuron ``i`` at position ``p`` depends on the
+MLP's input ``x`` there only, through its own entries of the up (and gate) projections' outputs ``z``, so
+``d a / d x[p] = sum_z (d a / d z[p, i]) W_z[i]``. The slopes ``d a / d z`` are elementwise; one backward pass with a
+cotangent of ones reads them all (:func:`neuron_slopes`). A batch of rows then skips the MLP's up and gate
+projections, whose backward for every row of the batch at every target layer was most of its cost.
+
 Source columns: one per position for the tokens, then per layer one per (position, unit), the units being the
 layer's neurons, or its features followed by its error (the error's column holds ``e . d a_t / d e``).
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -47,6 +54,11 @@ class Frozen:
     leaves: dict[int, torch.Tensor] = field(default_factory=dict)  # layer -> (1, T, units) leaf: held neurons/features
     targets: dict[int, torch.Tensor] = field(default_factory=dict)  # layer -> (1, T, units) as computed
     errors: dict[int, torch.Tensor] = field(default_factory=dict)  # dictionary layer -> (1, T, d) leaf: held error
+    mlp_inputs: dict[int, torch.Tensor] = field(default_factory=dict)  # neuron layer -> (1, T, d) the MLP's input
+    branches: dict[int, list[tuple[nn.Module, torch.Tensor]]] = field(default_factory=dict)  # neuron layer -> (up
+    # or gate projection, its output (1, T, units)), the pre-activations a neuron reads elementwise
+    indirect: set[int] = field(default_factory=set)  # neuron layers whose projections do not read the MLP's input
+    slopes: dict[int, list[torch.Tensor]] = field(default_factory=dict)  # neuron layer -> d neurons / d branch
     final: torch.Tensor | None = None  # (1, T, d): the final norm's output
     logits: torch.Tensor = field(default_factory=lambda: torch.empty(0))  # (vocab,) at the last position
     runs: int = 0  # backward runs of the autograd engine
@@ -123,11 +135,14 @@ def register(
         rms = [name for name, kind in layout.norms if kind == "rms"]
         register_rules(group, Sites(layout.embed, {}, [], [], rms, [n for n, k in layout.norms if k == "layer"]))
     _freeze_attention(group, layout)
-    index = {}
+    index, mlps, branches = {}, {}, {}
     for layer in layout.layers:
         if layer.index not in dictionaries:
             assert layer.mlp_parts is not None
             index[layer.mlp_parts.neurons] = layer.index
+            mlps[layer.mlp] = layer.index
+            parts = (layer.mlp_parts.gate, layer.mlp_parts.up)
+            branches.update({name: layer.index for name in parts if name is not None})
 
     def tokens(x: torch.Tensor, name: str, call: int) -> torch.Tensor:
         frozen.tokens = run.leaf(x)
@@ -139,11 +154,22 @@ def register(
         frozen.leaves[layer] = a.detach().clone().requires_grad_(True)
         return frozen.leaves[layer]
 
+    def mlp_input(x: torch.Tensor, name: str, call: int) -> None:
+        frozen.mlp_inputs[mlps[name]] = x
+
+    def branch(module: nn.Module, args: Any, z: torch.Tensor, *, name: str, call: int) -> None:
+        layer = branches[name]
+        frozen.branches.setdefault(layer, []).append((module, z))
+        if not args or args[0] is not frozen.mlp_inputs.get(layer):  # the MLP changes its input first: no shortcut
+            frozen.indirect.add(layer)
+
     def final(module: nn.Module, args: Any, output: torch.Tensor) -> None:
         frozen.final = output
 
     hook_site(group, layout.layers[0].module, "input", None, tokens)
     if index:
+        hook_site(group, list(mlps), "input", None, mlp_input)
+        group.forward(list(branches), branch)
         hook_site(group, list(index), "input", None, neurons)
     if dictionaries:
         dictionary_hooks(group, frozen)
@@ -239,18 +265,61 @@ class Rows:
     abs_sums: torch.Tensor
 
 
+def neuron_slopes(frozen: Frozen) -> None:
+    """Fill ``frozen.slopes``: each neuron's derivative by its own up (and gate) pre-activations, in one backward pass.
+
+    A neuron reads its pre-activations elementwise (``act(gate) * up``, ``act(fc)``, also under RelP's rules), so a
+    cotangent of ones gives every ``d a[p, i] / d z[p, i]`` at once. Layers whose projections do not read the MLP's
+    input as it came (``frozen.indirect``) get none: their rows go in at the neurons.
+    """
+    layers = sorted(set(frozen.branches) - frozen.indirect)
+    if not layers or frozen.slopes:
+        return
+    outputs = [frozen.targets[layer] for layer in layers]
+    inputs = [z for layer in layers for _, z in frozen.branches[layer]]
+    grads = iter(torch.autograd.grad(outputs, inputs, [torch.ones_like(o) for o in outputs], retain_graph=True,
+                                     allow_unused=True))  # fmt: skip
+    frozen.runs += 1
+    for layer in layers:
+        found = [next(grads) for _ in frozen.branches[layer]]
+        frozen.slopes[layer] = [torch.zeros_like(z) if g is None else g for g, (_, z) in
+                                zip(found, frozen.branches[layer], strict=True)]  # fmt: skip
+
+
+def neuron_gradients(frozen: Frozen, layer: int, positions: torch.Tensor, units: torch.Tensor) -> torch.Tensor:
+    """``(n, d)``: each neuron's gradient by its MLP's input at its own position (the only one it reads)."""
+    site = frozen.mlp_inputs[layer]
+    total = site.new_zeros(len(units), site.shape[-1])
+    for (module, _), slope in zip(frozen.branches[layer], frozen.slopes[layer], strict=True):
+        w, _ = linear(module, device=site.device)
+        total += slope[0, positions, units, None].to(site.dtype) * w[units.to(site.device)].to(site.dtype)
+    return total
+
+
 def node_rows(frozen: Frozen, targets: torch.Tensor, keep: int) -> Rows:
-    """The rows of neuron or feature targets ``(rows, 3)`` (layer, position, unit), in one backward pass."""
-    shapes = {layer: frozen.targets[layer].shape for layer in torch.unique(targets[:, 0]).tolist()}
+    """The rows of neuron or feature targets ``(rows, 3)`` (layer, position, unit), in one backward pass.
+
+    A neuron's cotangent goes in at its MLP's input (:func:`neuron_gradients`), a feature's at the feature (and a
+    neuron's at the neuron where its MLP changes its input before the projections).
+    """
+    layers = torch.unique(targets[:, 0]).tolist()
     outputs, cotangents = [], []
     rows = torch.arange(len(targets))
-    for layer, shape in shapes.items():
+    for layer in layers:
         mine = targets[:, 0] == layer
-        cotangent = frozen.targets[layer].new_zeros(len(targets), *shape)
-        cotangent[rows[mine], 0, targets[mine, 1], targets[mine, 2]] = 1
-        outputs.append(frozen.targets[layer])
+        position, unit = targets[mine, 1], targets[mine, 2]
+        neuron_slopes(frozen)
+        if layer in frozen.slopes:
+            output = frozen.mlp_inputs[layer]
+            cotangent = output.new_zeros(len(targets), *output.shape)
+            cotangent[rows[mine], 0, position] = neuron_gradients(frozen, layer, position, unit)
+        else:
+            output = frozen.targets[layer]
+            cotangent = output.new_zeros(len(targets), *output.shape)
+            cotangent[rows[mine], 0, position, unit] = 1
+        outputs.append(output)
         cotangents.append(cotangent)
-    return _rows(frozen, outputs, cotangents, max(shapes), keep)
+    return _rows(frozen, outputs, cotangents, max(layers), keep)
 
 
 def logit_rows(frozen: Frozen, vectors: torch.Tensor, keep: int) -> Rows:
@@ -266,23 +335,42 @@ def _rows(frozen: Frozen, outputs: list[torch.Tensor], cotangents: list[torch.Te
     assert frozen.tokens is not None
     errors = [layer for layer in range(below) if layer in frozen.errors]
     inputs = [frozen.tokens] + [frozen.leaves[layer] for layer in range(below)] + [frozen.errors[i] for i in errors]
-    grads = torch.func.vmap(_vjp(outputs, inputs))(cotangents)  # one run of the engine, the cotangents batched
+    grads = list(torch.func.vmap(_vjp(outputs, inputs))(cotangents))  # one run of the engine, the cotangents batched
     frozen.runs += 1
-    batch = len(cotangents[0])
-    products = inputs[0].new_zeros(batch, frozen.column(below))
-    token_grad = grads[0] if grads[0] is not None else torch.zeros_like(inputs[0]).expand(batch, *inputs[0].shape)
-    products[:, : frozen.positions] = (token_grad * inputs[0]).sum(-1).flatten(1)
-    error_grads = dict(zip(errors, grads[1 + below :], strict=True))
-    for layer in range(below):
-        span = slice(frozen.column(layer), frozen.column(layer + 1))
-        grad, leaf = grads[1 + layer], frozen.leaves[layer]
-        written = products[:, span].view(batch, frozen.positions, frozen.per_position(layer))
-        if grad is not None:
-            written[..., : frozen.units(layer)] = (grad * leaf)[:, 0]
-        if error_grads.get(layer) is not None:
-            written[..., -1] = (error_grads[layer] * frozen.errors[layer]).sum(-1)[:, 0]
-    columns, values, sums = kept_entries(products, keep)
+    del cotangents[:]
+    columns, values, sums = kept_entries(_products(frozen, grads, below, errors), keep)
     return Rows(columns, values, sums)
+
+
+def _products(
+    frozen: Frozen, grads: list[torch.Tensor | None], below: int, errors: list[int]
+) -> Iterator[tuple[int, torch.Tensor]]:
+    """``(first column, (rows, columns) products a_s * gradient)`` per block of sources, each gradient let go once used.
+
+    All-zero blocks (sources the outputs do not reach) are left out, but for the tokens'.
+    """
+    assert frozen.tokens is not None
+    rows = next(len(g) for g in grads if g is not None)
+    token_grad = grads[0] if grads[0] is not None else frozen.tokens.new_zeros(rows, *frozen.tokens.shape)
+    grads[0] = None
+    yield 0, (token_grad * frozen.tokens).sum(-1).flatten(1)  # always: every row has a block
+    error_at = {layer: 1 + below + i for i, layer in enumerate(errors)}
+    for layer in range(below):
+        grad, leaf = grads[1 + layer], frozen.leaves[layer]
+        grads[1 + layer] = None
+        error_grad = grads[error_at[layer]] if layer in error_at else None
+        if grad is None and error_grad is None:
+            continue
+        if grad is None:
+            grad = torch.zeros_like(leaf).expand(len(error_grad), *leaf.shape)  # type: ignore[arg-type]
+        block = (grad * leaf)[:, 0]  # (rows, T, units)
+        del grad
+        if layer in error_at:
+            held = frozen.errors[layer]
+            error = torch.zeros_like(block[..., 0]) if error_grad is None else (error_grad * held).sum(-1)[:, 0]
+            block = torch.cat([block, error[..., None]], -1)
+            grads[error_at[layer]] = None
+        yield frozen.column(layer), block.flatten(1)
 
 
 def _vjp(outputs: list[torch.Tensor], inputs: list[torch.Tensor]) -> Any:

@@ -7,6 +7,8 @@ makes an ``(n, n)`` dense tensor or sorts more than the non-zero entries.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 import torch
 
 MAX_ITER = 1000
@@ -39,32 +41,85 @@ def salient_logits(logits: torch.Tensor, max_n: int = 10, desired: float = 0.95)
     return top_i[:cutoff], top_p[:cutoff]
 
 
-def kept_entries(products: torch.Tensor, keep: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Each row's ``keep`` largest entries by magnitude (zeros dropped later), and each row's full ``sum |entry|``.
+def kept_entries(
+    blocks: Iterable[tuple[int, torch.Tensor]], keep: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Each row's ``keep`` largest entries by magnitude, and each row's full ``sum |entry|``, block by block.
+
+    The rows come as blocks of columns, so that no row is ever whole in memory. Once a row holds ``keep`` entries,
+    a block gives only its entries larger than the row's smallest kept one (usually few), and the largest ``keep``
+    of both stay. A row with fewer non-zero entries than ``keep`` keeps zeros too (drop them).
 
     Args:
-        products: ``(rows, sources)`` edge weights.
+        blocks: ``(first column, (rows, columns) values)``, every block with the same rows; columns left out are zero.
         keep: entries kept per row.
 
     Returns:
-        ``(columns (rows, k), values (rows, k), abs_sums (rows,))`` with ``k = min(keep, sources)``.
+        ``(columns (rows, k), values (rows, k), abs_sums (rows,) float64)``, largest first, with ``k = min(keep,
+        columns given)``.
 
     Example:
-        >>> columns, values, sums = kept_entries(torch.tensor([[0.5, -2.0, 1.0]]), 2)
+        >>> columns, values, sums = kept_entries([(0, torch.tensor([[0.5, -2.0]])), (5, torch.tensor([[1.0]]))], 2)
         >>> columns.tolist(), values.tolist(), sums.tolist()
-        ([[1, 2]], [[-2.0, 1.0]], [3.5])
+        ([[1, 5]], [[-2.0, 1.0]], [3.5])
     """
-    magnitude = products.abs()
-    top = torch.topk(magnitude, min(keep, products.shape[1]), dim=1, sorted=True)
-    return top.indices, products.gather(1, top.indices), magnitude.sum(1)
+    columns, values, sums = None, None, None
+    for start, block in blocks:
+        magnitude = block.abs()
+        total = magnitude.sum(1).double()
+        sums = total if sums is None else sums + total
+        if values is None or values.shape[1] < keep:
+            top = torch.topk(magnitude, min(keep, block.shape[1]), dim=1, sorted=False).indices
+            columns, values = _merged(columns, values, top + start, block.gather(1, top), keep)
+            continue
+        row, column = (magnitude > values.abs().amin(1, keepdim=True)).nonzero(as_tuple=True)  # can enter: few
+        if len(row):
+            new_columns, new_values = _padded(row, column + start, block[row, column], len(block))
+            columns, values = _merged(columns, values, new_columns, new_values, keep)
+    if sums is None or columns is None or values is None:
+        raise ValueError("kept_entries needs at least one block")
+    order = torch.sort(values.abs(), dim=1, descending=True, stable=True).indices
+    return columns.gather(1, order), values.gather(1, order), sums
+
+
+def _padded(
+    row: torch.Tensor, column: torch.Tensor, value: torch.Tensor, rows: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Entries given as ``(row, column, value)`` (rows ascending) as ``(rows, width)`` tables, padded with zeros.
+
+    Example:
+        >>> _padded(torch.tensor([0, 0, 2]), torch.tensor([4, 7, 5]), torch.tensor([1.0, 2.0, 3.0]), 3)[1]
+        tensor([[1., 2.],
+                [0., 0.],
+                [3., 0.]])
+    """
+    counts = torch.bincount(row, minlength=rows)
+    slot = torch.arange(len(row), device=row.device) - (torch.cumsum(counts, 0) - counts)[row]
+    width = int(counts.max())
+    columns = column.new_zeros(rows, width)
+    values = value.new_zeros(rows, width)
+    columns[row, slot] = column
+    values[row, slot] = value
+    return columns, values
+
+
+def _merged(
+    columns: torch.Tensor | None, values: torch.Tensor | None, new_columns: torch.Tensor, new_values: torch.Tensor,
+    keep: int,
+) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+    """The ``keep`` largest by magnitude of the kept entries and new ones, per row."""
+    if columns is None or values is None:
+        return new_columns, new_values
+    columns, values = torch.cat([columns, new_columns], 1), torch.cat([values, new_values], 1)
+    if values.shape[1] <= keep:
+        return columns, values
+    top = torch.topk(values.abs(), keep, dim=1, sorted=False).indices
+    return columns.gather(1, top), values.gather(1, top)
 
 
 def partial_influence(
-    sources: torch.Tensor,
-    rows: torch.Tensor,
-    weights: torch.Tensor,
+    groups: Iterable[tuple[torch.Tensor, torch.Tensor, torch.Tensor]],
     row_node: torch.Tensor,
-    row_layer: torch.Tensor,
     start: torch.Tensor,
     n_columns: int,
 ) -> torch.Tensor:
@@ -75,35 +130,29 @@ def partial_influence(
     comes, since a row only reads sources of lower layers.
 
     Args:
-        sources: ``(entries,)`` column of each kept entry.
-        rows: ``(entries,)`` row of each kept entry.
-        weights: ``(entries,)`` ``|entry| / sum |row|`` (the row normalised by all its entries, kept or not).
+        groups: the kept entries, a group of rows at a time, the groups ordered by their rows' layer from the top
+            (logits) down: ``(rows (r,), sources (r, k), weights (r, k))``, each weight ``|entry| / sum |row|`` (the
+            row normalised by all its entries, kept or not). Rows of one group share their layer.
         row_node: ``(rows,)`` the column each row's node has as a source (``-1``: a logit, which is none).
-        row_layer: ``(rows,)`` each row's layer (logits above every neuron).
         start: ``(rows,)`` the logit weights on logit rows, zero elsewhere.
         n_columns: the number of source columns.
 
     Returns:
-        ``(n_columns,)`` each source's influence on the logits through the rows so far.
+        ``(n_columns,)`` float64: each source's influence on the logits through the rows so far.
 
     Example:
         >>> # logit row 0 (weight 1) reads column 0 (a neuron, also row 1) half and column 1 half; row 1 reads column 1
-        >>> partial_influence(torch.tensor([0, 1, 1]), torch.tensor([0, 0, 1]), torch.tensor([0.5, 0.5, 1.0]),
-        ...                   torch.tensor([-1, 0]), torch.tensor([2, 1]), torch.tensor([1.0, 0.0]), 2)
-        tensor([0.5000, 1.0000])
+        >>> groups = [(torch.tensor([0]), torch.tensor([[0, 1]]), torch.tensor([[0.5, 0.5]])),
+        ...           (torch.tensor([1]), torch.tensor([[1]]), torch.tensor([[1.0]]))]
+        >>> partial_influence(groups, torch.tensor([-1, 0]), torch.tensor([1.0, 0.0]), 2)
+        tensor([0.5000, 1.0000], dtype=torch.float64)
     """
-    influence = torch.zeros(n_columns, dtype=weights.dtype, device=weights.device)
-    entry_layer = row_layer[rows]
-    order = torch.argsort(entry_layer, descending=True, stable=True)
-    sources, rows, weights = sources[order], rows[order], weights[order]
-    _, counts = torch.unique_consecutive(entry_layer[order], return_counts=True)
+    influence = torch.zeros(n_columns, dtype=torch.float64, device=start.device)
     is_node = row_node >= 0
-    begin = 0
-    for count in counts.tolist():
-        per_row = start.to(weights.dtype) + torch.where(is_node, influence[row_node.clamp_min(0)], 0.0)
-        span = slice(begin, begin + count)
-        influence.index_add_(0, sources[span], weights[span] * per_row[rows[span]])
-        begin += count
+    start = start.to(torch.float64)
+    for rows, sources, weights in groups:
+        per_row = start[rows] + torch.where(is_node[rows], influence[row_node[rows].clamp_min(0)], 0.0)
+        influence.index_add_(0, sources.flatten(), (weights.to(torch.float64) * per_row[:, None]).flatten())
     return influence
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import difflib
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -93,8 +93,8 @@ def attribution_graph(
     width = _width(model, layout)
     units = [dictionaries[i].n_features if i in dictionaries else width for i in range(len(layout.layers))]
     n_rows = _count(ids.shape[1], units, max_nodes)
-    check_memory(ids.shape[1], units, len(dictionaries), layout.hidden, n_rows, batch_size, edges_per_row,
-                 _dtype(model), max_nodes, execution_device(model.get_submodule(layout.embed)))  # fmt: skip
+    check_memory(layout, ids.shape[1], units, len(dictionaries), n_rows, batch_size, edges_per_row, _dtype(model),
+                 max_nodes, execution_device(model.get_submodule(layout.embed)))  # fmt: skip
     with attention_visible(model), HookedRun(model, "attribution-graph", with_grad=True) as run:
         frozen = register(run, model, layout, rules, dictionaries)
         output = run.forward(model_inputs)
@@ -245,36 +245,52 @@ def logit_targets(target: Target, logits: torch.Tensor) -> tuple[torch.Tensor, t
 
 @dataclass
 class _Store:
-    """The rows computed so far: kept entries, the node each row belongs to, the logit weights."""
+    """The rows computed so far: kept entries, the node each row belongs to, the logit weights, rows by layer."""
 
-    rows: list[Rows] = field(default_factory=list)
+    rows: list[Rows] = field(default_factory=list)  # per batch, its rows sorted by layer
     nodes: list[torch.Tensor] = field(default_factory=list)  # per batch: source column of each row's node, -1: logit
     starts: list[torch.Tensor] = field(default_factory=list)
-    layers: list[torch.Tensor] = field(default_factory=list)  # per batch: each row's layer
+    groups: dict[int, list[tuple[int, int, int, int]]] = field(default_factory=dict)  # layer -> (batch, first row
+    # in the batch, end, first row in the store) of each run of rows of that layer
+    count: int = 0
 
     def add(self, rows: Rows, nodes: torch.Tensor, starts: torch.Tensor, layers: torch.Tensor) -> None:
-        """Keep a batch of rows."""
-        self.rows.append(Rows(rows.columns.cpu(), rows.values.detach().cpu(), rows.abs_sums.detach().cpu()))
-        self.nodes.append(nodes)
-        self.starts.append(starts.to(torch.float64))
-        self.layers.append(layers)
+        """Keep a batch of rows (each row's layer: ``layers``)."""
+        order = torch.argsort(layers, stable=True)  # logit rows share a layer: they keep their order
+        batch = len(self.rows)
+        self.rows.append(Rows(rows.columns[order].cpu(), rows.values[order].detach().cpu(),
+                              rows.abs_sums[order].detach().cpu()))  # fmt: skip
+        self.nodes.append(nodes[order])
+        self.starts.append(starts[order].to(torch.float64))
+        values, counts = torch.unique_consecutive(layers[order], return_counts=True)
+        begin = 0
+        for layer, n in zip(values.tolist(), counts.tolist(), strict=True):
+            self.groups.setdefault(layer, []).append((batch, begin, begin + n, self.count + begin))
+            begin += n
+        self.count += len(order)
 
-    def entries(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-        """``(row, column, value, row's abs sum)`` of every kept entry, rows numbered in the order they came."""
+    def entries(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """``(row, column, value)`` of every kept entry, rows numbered in the order they are kept."""
         rows, offset = [], 0
         for block in self.rows:
             rows.append(torch.arange(offset, offset + len(block.columns)).repeat_interleave(block.columns.shape[1]))
             offset += len(block.columns)
         columns = torch.cat([r.columns.flatten() for r in self.rows])
         values = torch.cat([r.values.flatten() for r in self.rows])
-        return torch.cat(rows), columns, values, torch.cat([r.abs_sums for r in self.rows])
+        return torch.cat(rows), columns, values
 
     def influence(self, n_columns: int) -> torch.Tensor:
         """Each source column's influence on the logits through the rows so far (circuit-tracer's partial one)."""
-        rows, columns, values, sums = self.entries()
-        weights = values.abs().double() / sums.double().clamp_min(1e-8)[rows]
-        nodes, layers, starts = torch.cat(self.nodes), torch.cat(self.layers), torch.cat(self.starts)
-        return partial_influence(columns, rows, weights, nodes, layers, starts, n_columns)
+
+        def groups() -> Iterator[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
+            for layer in sorted(self.groups, reverse=True):
+                for batch, begin, end, first in self.groups[layer]:
+                    block = self.rows[batch]
+                    sums = block.abs_sums[begin:end, None].double().clamp_min(1e-8)
+                    weights = block.values[begin:end].abs() / sums
+                    yield torch.arange(first, first + end - begin), block.columns[begin:end], weights
+
+        return partial_influence(groups(), torch.cat(self.nodes), torch.cat(self.starts), n_columns)
 
 
 def _visit(
@@ -316,7 +332,7 @@ def _assemble(
     n = n_inner + t + len(tokens)
     row_nodes = torch.cat(store.nodes)  # source column of each row's node, -1 for logits in their order
     logit_number = torch.cumsum(row_nodes < 0, 0) - 1
-    rows, columns, values, _ = store.entries()
+    rows, columns, values = store.entries()
     target = torch.where(row_nodes < 0, n_inner + t + logit_number, _node_of(row_nodes, inner, t))[rows]
     source = _node_of(columns, inner, t)
     ok = (source >= 0) & (values != 0)
@@ -368,20 +384,34 @@ def _logit_values(logits: torch.Tensor, tokens: torch.Tensor, foils: torch.Tenso
     return torch.where(foils >= 0, z[tokens] - z[foils.clamp_min(0)], z[tokens] - z.mean())
 
 
-def check_memory(
-    positions: int, units: list[int], errors: int, hidden: int, rows: int, batch_size: int, keep: int,
-    dtype: torch.dtype, max_nodes: int | None, device: torch.device | None = None,
-) -> None:  # fmt: skip
-    """Refuse, before any work, a graph whose memory estimate exceeds the free memory (when it can be read).
+def memory_estimate(
+    layout: LMLayout, positions: int, units: list[int], errors: int, rows: int, batch_size: int, keep: int,
+    dtype: torch.dtype,
+) -> tuple[int, int, int]:  # fmt: skip
+    """``(per batch, kept rows, held by the forward)`` in bytes: what a graph needs at most, a little over.
 
-    ``units``: the neurons or features of each layer; ``errors``: the layers with a dictionary (an error each).
+    ``units``: the neurons or features of each layer; ``errors``: the layers with a dictionary (an error each). A
+    batch holds every source's gradient for its rows, one layer's block of products three times, the cotangents,
+    the attention probabilities expanded to the rows, and the residual stream's gradients; the forward holds its
+    activations and every layer's attention probabilities.
     """
     size = torch.finfo(dtype).bits // 8
-    layers, total = len(units), sum(units)
+    layers, total, hidden, heads = len(units), sum(units), layout.hidden, layout.n_heads
     columns = positions * (1 + total + errors)
-    batch = batch_size * (3 * columns + 2 * positions * total + 8 * positions * hidden * (1 + errors)) * size
-    kept = (rows + 10) * min(keep, columns) * (8 + size) * 3 + columns * 8 * 4
-    held = positions * (12 * hidden * (layers + errors) + 6 * total) * size
+    widest = positions * (max(units) + 1)
+    cotangents = layers * positions * max(hidden, max(units))
+    batch = batch_size * (columns + 3 * widest + cotangents + heads * positions**2 + 8 * positions * hidden) * size
+    kept = (rows + 10) * min(keep, columns) * (16 + size) * 3 + columns * 8 * 4
+    held = positions * (12 * hidden * (layers + errors) + 6 * total) * size + layers * heads * positions**2 * size
+    return batch, kept, held
+
+
+def check_memory(
+    layout: LMLayout, positions: int, units: list[int], errors: int, rows: int, batch_size: int, keep: int,
+    dtype: torch.dtype, max_nodes: int | None, device: torch.device | None = None,
+) -> None:  # fmt: skip
+    """Refuse, before any work, a graph whose :func:`memory_estimate` exceeds the free memory (when it can be read)."""
+    batch, kept, held = memory_estimate(layout, positions, units, errors, rows, batch_size, keep, dtype)
     needed = batch + kept + held
     free = free_memory(device)
     if free is not None and needed > free:

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import copy
+import math
+import types
+
 import pytest
 import torch
 
@@ -103,3 +107,21 @@ def test_single_token_target_and_node_table(llama):
     last_layer = neurons[layer == 1]
     expected = seen["a"][0, graph.nodes.position[last_layer], graph.nodes.index[last_layer]]
     torch.testing.assert_close(graph.nodes.activation[last_layer], expected.double())
+
+
+def test_an_mlp_that_changes_its_input_first_gets_its_rows_at_the_neurons(llama):
+    """The shortcut (a neuron's row injected at its MLP's input) needs the projections to read that input as it came."""
+    doubled, folded = copy.deepcopy(llama), copy.deepcopy(llama)
+    for layer in doubled.model.layers:  # x -> mlp(2 x)
+        layer.mlp.forward = types.MethodType(lambda self, x: type(self).forward(self, 2 * x), layer.mlp)
+    with torch.no_grad():
+        for layer in folded.model.layers:  # the same function: 2 folded into the projections that read x
+            layer.mlp.gate_proj.weight.mul_(2)
+            layer.mlp.up_proj.weight.mul_(2)
+    torch.testing.assert_close(doubled(IDS[None]).logits, folded(IDS[None]).logits, rtol=0, atol=1e-12)
+    got = attribution_graph(doubled, IDS, progress=False, batch_size=128)
+    expected = attribution_graph(folded, IDS, progress=False, batch_size=128)
+    assert got.runs == 1 + math.ceil(288 / 128)  # no pass for the slopes: no layer takes the shortcut
+    assert expected.runs == got.runs + 1
+    a, b = got.adjacency.to_dense(), expected.adjacency.to_dense()
+    torch.testing.assert_close(a, b, rtol=0, atol=1e-6 * float(b.abs().max()))

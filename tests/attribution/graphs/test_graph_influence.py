@@ -139,8 +139,7 @@ def test_find_threshold_pads_with_zeros_as_the_dense_vector_would():
 
 def test_partial_influence_follows_rows_through_their_nodes():
     # logit row (weight 0.6) reads neuron column 1 fully; neuron 1's row reads column 0 (a token) 3:1 with column 2
-    influence = partial_influence(
-        torch.tensor([1, 0, 2]), torch.tensor([0, 1, 1]), torch.tensor([1.0, 0.75, 0.25], dtype=torch.float64),
-        torch.tensor([-1, 1]), torch.tensor([2, 0]), torch.tensor([0.6, 0.0]), 3,
-    )  # fmt: skip
+    groups = [(torch.tensor([0]), torch.tensor([[1]]), torch.tensor([[1.0]])),
+              (torch.tensor([1]), torch.tensor([[0, 2]]), torch.tensor([[0.75, 0.25]]))]  # fmt: skip
+    influence = partial_influence(groups, torch.tensor([-1, 1]), torch.tensor([0.6, 0.0]), 3)
     torch.testing.assert_close(influence, torch.tensor([0.45, 0.6, 0.15], dtype=torch.float64))

@@ -9,6 +9,7 @@ import torch
 
 import attribution.graphs.build as build
 from attribution.graphs import attribution_graph
+from attribution.graphs._math import kept_entries
 from tests.attribution.graphs.conftest import IDS
 from tests.support import hook_state
 
@@ -33,7 +34,8 @@ def test_autograd_runs_are_ceil_targets_over_batch_plus_at_most_two(llama, monke
     targets = len(graph.nodes.where("neuron")) + len(graph.nodes.where("logit"))
     assert len(graph.nodes.where("neuron")) == (max_nodes or 288)
     assert runs[0] == graph.runs
-    assert runs[0] == math.ceil(10 / batch_size) + math.ceil((max_nodes or 288) / batch_size)
+    slopes = 1  # one pass reads every neuron's slopes by its pre-activations (its rows go in at the MLP's input)
+    assert runs[0] == math.ceil(10 / batch_size) + math.ceil((max_nodes or 288) / batch_size) + slopes
     assert runs[0] <= math.ceil(targets / batch_size) + 2
 
 
@@ -87,6 +89,33 @@ def test_rows_keep_their_largest_entries(llama, llama_graph):
         expected[kept] = row[kept]
         assert torch.equal(got[t], expected), t
     assert cut.adjacency._nnz() <= keep * len(targets)
+
+
+def test_kept_entries_of_blocks_are_the_dense_rows_largest():
+    """Blocks of both signs, columns left out between them, a row with fewer non-zeros than kept: the dense top-k."""
+    torch.manual_seed(0)
+    widths, gaps, keep = [3, 40, 9, 60, 1, 25], [0, 2, 0, 5, 1, 0], 7
+    dense, blocks, start = torch.zeros(5, sum(widths) + sum(gaps), dtype=torch.float64), [], 0
+    for width, gap in zip(widths, gaps, strict=True):
+        start += gap
+        block = torch.randn(5, width, dtype=torch.float64) * torch.rand(5, 1, dtype=torch.float64) * 10
+        block[3] = 0
+        blocks.append((start, block))
+        dense[:, start : start + width] = block
+        start += width
+    dense[3, [1, 50, 51, 110]] = torch.tensor([2.0, -3.0, 0.5, -1.0], dtype=torch.float64)
+    for begin, block in blocks:
+        block[3] = dense[3, begin : begin + block.shape[1]]
+    columns, values, sums = kept_entries(blocks, keep)
+    assert columns.shape == values.shape == (5, keep)
+    torch.testing.assert_close(sums, dense.abs().sum(1), rtol=1e-14, atol=0)
+    for row in range(5):
+        expected = dense[row].abs().topk(keep).indices
+        expected = expected[dense[row, expected] != 0]
+        got = columns[row][values[row] != 0]
+        assert got.tolist() == expected.tolist(), row  # the same columns, largest first
+        assert torch.equal(values[row][values[row] != 0], dense[row, expected])
+    assert columns[3, :4].tolist() == [50, 1, 110, 51]
 
 
 def test_a_graph_too_big_for_free_memory_is_refused_before_any_work(llama, monkeypatch):
