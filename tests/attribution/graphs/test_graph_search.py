@@ -77,6 +77,18 @@ def test_neurons_are_visited_most_influential_first(llama, llama_graph):
     assert len(got) == 2 * batch
 
 
+def test_a_search_keeps_each_visited_neurons_own_row(llama, llama_graph):
+    """Rows of a batch chosen by influence (its layers mixed) land on their own nodes: the full graph's rows."""
+    graph = attribution_graph(llama, IDS, max_nodes=40, batch_size=16, progress=False)
+    full = {(n.kind, n.layer, n.position, n.index): i for i, n in enumerate(llama_graph.nodes)}
+    mine = torch.tensor([full[(n.kind, n.layer, n.position, n.index)] for n in graph.nodes])
+    layers = graph.nodes.layer[graph.nodes.where("neuron")]
+    assert len(torch.unique(layers)) == 2  # batches chosen by influence, both layers in them
+    expected = llama_graph.adjacency.to_dense()[mine][:, mine]
+    got = graph.adjacency.to_dense()
+    torch.testing.assert_close(got, expected, rtol=0, atol=1e-12 * float(expected.abs().max()))
+
+
 def test_rows_keep_their_largest_entries(llama, llama_graph):
     keep = 20
     cut = attribution_graph(llama, IDS, edges_per_row=keep, batch_size=128, progress=False)
