@@ -106,9 +106,9 @@ CALLS = {
     ),
     "AttnLRP": lambda kind, m: A.AttnLRP(m)(IDS, target=5),
     "attribution_graph": lambda kind, m: A.attribution_graph(m, IDS[0], progress=False).adjacency.to_dense(),
-    "attribution_graph_relp": lambda kind, m: (
-        A.attribution_graph(m, IDS[0], rules="relp", max_nodes=20, batch_size=8, progress=False).adjacency.to_dense()
-    ),
+    "attribution_graph_relp": lambda kind, m: A.attribution_graph(
+        m, IDS[0], rules="relp", max_nodes=20, batch_size=8, progress=False
+    ).adjacency.to_dense(),
     **{
         f"attribute_generation_{method}": functools.partial(_generation, method)
         for method in ("saliency", "input_x_gradient", "integrated_gradients", "attnlrp")
