@@ -337,20 +337,20 @@ def _rows(frozen: Frozen, outputs: list[torch.Tensor], cotangents: list[torch.Te
     inputs = [frozen.tokens] + [frozen.leaves[layer] for layer in range(below)] + [frozen.errors[i] for i in errors]
     grads = list(torch.func.vmap(_vjp(outputs, inputs))(cotangents))  # one run of the engine, the cotangents batched
     frozen.runs += 1
-    del cotangents[:]
-    columns, values, sums = kept_entries(_products(frozen, grads, below, errors), keep)
+    rows = len(cotangents[0])
+    del cotangents[:]  # let them go before the products
+    columns, values, sums = kept_entries(_products(frozen, grads, rows, below, errors), keep)
     return Rows(columns, values, sums)
 
 
 def _products(
-    frozen: Frozen, grads: list[torch.Tensor | None], below: int, errors: list[int]
+    frozen: Frozen, grads: list[torch.Tensor | None], rows: int, below: int, errors: list[int]
 ) -> Iterator[tuple[int, torch.Tensor]]:
     """``(first column, (rows, columns) products a_s * gradient)`` per block of sources, each gradient let go once used.
 
     All-zero blocks (sources the outputs do not reach) are left out, but for the tokens'.
     """
     assert frozen.tokens is not None
-    rows = next(len(g) for g in grads if g is not None)
     token_grad = grads[0] if grads[0] is not None else frozen.tokens.new_zeros(rows, *frozen.tokens.shape)
     grads[0] = None
     yield 0, (token_grad * frozen.tokens).sum(-1).flatten(1)  # always: every row has a block
@@ -362,7 +362,7 @@ def _products(
         if grad is None and error_grad is None:
             continue
         if grad is None:
-            grad = torch.zeros_like(leaf).expand(len(error_grad), *leaf.shape)  # type: ignore[arg-type]
+            grad = torch.zeros_like(leaf).expand(rows, *leaf.shape)
         block = (grad * leaf)[:, 0]  # (rows, T, units)
         del grad
         if layer in error_at:
