@@ -305,10 +305,10 @@ def node_rows(frozen: Frozen, targets: torch.Tensor, keep: int) -> Rows:
     layers = torch.unique(targets[:, 0]).tolist()
     outputs, cotangents = [], []
     rows = torch.arange(len(targets))
+    neuron_slopes(frozen)
     for layer in layers:
         mine = targets[:, 0] == layer
         position, unit = targets[mine, 1], targets[mine, 2]
-        neuron_slopes(frozen)
         if layer in frozen.slopes:
             output = frozen.mlp_inputs[layer]
             cotangent = output.new_zeros(len(targets), *output.shape)
