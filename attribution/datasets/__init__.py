@@ -8,6 +8,7 @@ another process is writing to raises :class:`InUseError`. :func:`load_efficientn
 weights the project ships (the command line's ``--model efficientnet_lite0``).
 """
 
+from ._identity import model_digest, tensor_digest
 from ._lock import InUseError
 from ._shipped import load_efficientnet_lite0
 from .aggregate import ClassMeans, PatchingMean, class_means, mean_patching
@@ -23,5 +24,7 @@ __all__ = [
     "class_means",
     "load_efficientnet_lite0",
     "mean_patching",
+    "model_digest",
     "open_results",
+    "tensor_digest",
 ]

@@ -1,0 +1,241 @@
+"""What one batch adds to a report: the first pass and the second (band samples, once the bands are known).
+
+The first pass keeps top examples, counts, extremes, moments, the quantile sketch and non-activating samples.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from . import _examples, _math
+from ._examples import Candidates, Slots
+
+NAN_PLACES = 10
+
+
+@dataclass
+class Batch:
+    """One batch of documents as the pass sees it."""
+
+    acts: torch.Tensor
+    """``(units, documents, tokens)`` float32, the units' activations."""
+    ids: torch.Tensor
+    """``(documents, tokens)`` token ids."""
+    included: torch.Tensor
+    """``(documents, tokens)`` bool: the positions that count (not BOS/pad/EOS, not excluded)."""
+    first_document: int
+    index: int
+    """The batch's number in the whole run (the moments' merge tree is keyed by it)."""
+
+    @property
+    def documents(self) -> torch.Tensor:
+        """``(documents,)`` the documents' numbers in the whole run."""
+        return torch.arange(self.first_document, self.first_document + self.ids.shape[0])
+
+
+def top_candidates(batch: Batch, slots: Slots, valid: torch.Tensor, k: int, gap: int) -> Candidates:
+    """Each unit's peaks in this batch that can enter its top ``k`` (all ties with the k-th kept)."""
+    masked = torch.where(valid, batch.acts, _math.NEG)
+    floor = torch.where(slots.full, slots.value[:, -1], _math.NEG)
+    values, positions = _math.peaks(masked, k, gap, floor)  # (units, documents, k)
+    units, docs, _ = values.shape
+    flat = values.reshape(units, docs * k)
+    kth = flat.topk(min(k, flat.shape[1]), dim=1).values[:, -1]
+    take = (flat >= torch.maximum(kth, floor)[:, None]) & (flat > _math.NEG)
+    unit, index = take.nonzero(as_tuple=True)
+    row = index // k
+    return Candidates(
+        group=unit,
+        unit=unit,
+        row=row,
+        value=flat[unit, index],
+        key=torch.zeros_like(unit),
+        document=batch.documents[row],
+        position=positions.reshape(units, docs * k)[unit, index],
+    )
+
+
+def sample_candidates(
+    batch: Batch, slots: Slots, eligible: torch.Tensor, keys: torch.Tensor, group: torch.Tensor
+) -> Candidates:
+    """The eligible entries of each group with the smallest sampling keys (all ties with the last kept).
+
+    Args:
+        batch: the batch.
+        slots: the samples so far of each unit's group (row ``u``: the group of unit ``u``).
+        eligible: ``(units, documents, tokens)`` bool.
+        keys: ``(units, documents, tokens)`` the entries' sampling keys.
+        group: ``(units,)`` each unit's group (its row in ``slots``).
+    """
+    units, docs, tokens = batch.acts.shape
+    size = slots.value.shape[1]
+    ceiling = torch.where(slots.full, slots.key[:, -1], 2**62)
+    keys = torch.where(eligible & (keys <= ceiling[:, None, None]), keys, 2**62).reshape(units, docs * tokens)
+    kth = keys.topk(min(size, keys.shape[1]), dim=1, largest=False).values[:, -1]
+    take = (keys <= kth[:, None]) & (keys < 2**62)
+    unit, index = take.nonzero(as_tuple=True)
+    row, position = index // tokens, index % tokens
+    return Candidates(
+        group=group[unit],
+        unit=unit,
+        row=row,
+        value=batch.acts[unit, row, position],
+        key=keys[unit, index],
+        document=batch.documents[row],
+        position=position,
+    )
+
+
+def batch_context(batch: Batch, new: Candidates, left: int, like: Slots) -> _examples.Context:
+    """The contexts of chosen candidates, read from the batch."""
+    width = like.tokens.shape[-1]
+    pair = (batch.acts, batch.ids)
+    return lambda i: _examples.contexts(pair, new.unit[i], new.row[i], new.position[i], left, width)
+
+
+@dataclass
+class FirstPass:
+    """The first pass's state: top examples, counts, extremes, moment blocks, the sketch, non-activating samples."""
+
+    top: Slots
+    quiet: Slots
+    count: torch.Tensor
+    nonzero: torch.Tensor
+    nans: torch.Tensor
+    max: torch.Tensor
+    min: torch.Tensor
+    sketch: torch.Tensor
+    blocks: list[tuple[int, int, torch.Tensor]]
+    nan_at: list[tuple[int, int, int]]
+    """The first NaN activations: ``(document, position, unit)``, at most :data:`NAN_PLACES`."""
+    gram: torch.Tensor | None = None
+    """``(units, units)`` int64: sums of products of the activations in steps of ``2^-QUANTUM`` (co-activation)."""
+    sums: torch.Tensor | None = None
+    """``(units,)`` int64: sums of the activations in the same steps."""
+
+    @classmethod
+    def empty(cls, units: int, k: int, samples: int, width: int, *, gram: bool = False) -> FirstPass:
+        """Nothing seen yet; ``gram``: also the co-activation sums."""
+        zeros = torch.zeros(units, dtype=torch.long)
+        return cls(
+            top=Slots.empty(units, k, width),
+            quiet=Slots.empty(units, samples, width),
+            count=zeros.clone(),
+            nonzero=zeros.clone(),
+            nans=zeros.clone(),
+            max=torch.full((units,), _math.NEG),
+            min=torch.full((units,), float("inf")),
+            sketch=torch.zeros((units, _math.BUCKETS), dtype=torch.long),
+            blocks=[],
+            nan_at=[],
+            gram=torch.zeros((units, units), dtype=torch.long) if gram else None,
+            sums=zeros.clone() if gram else None,
+        )
+
+    def add(self, batch: Batch, *, k: int, gap: int, left: int, seed: int) -> None:
+        """Take in one batch."""
+        acts = batch.acts
+        units = acts.shape[0]
+        finite = ~torch.isnan(acts)
+        valid = batch.included[None] & finite
+        nan = batch.included[None] & ~finite
+        self.nans += nan.sum((1, 2))
+        if len(self.nan_at) < NAN_PLACES and bool(nan.any()):
+            unit, row, position = nan.nonzero(as_tuple=True)
+            found = zip(batch.documents[row].tolist(), position.tolist(), unit.tolist(), strict=True)
+            self.nan_at = sorted([*self.nan_at, *found])[:NAN_PLACES]
+        top = top_candidates(batch, self.top, valid, k, gap)
+        self.top = _examples.merge(self.top, top, "value", batch_context(batch, top, left, self.top))
+        keys = _math.keys(seed, torch.arange(units), batch.documents, torch.arange(acts.shape[2]))
+        quiet = sample_candidates(batch, self.quiet, valid & (acts <= 0), keys, torch.arange(units))
+        self.quiet = _examples.merge(self.quiet, quiet, "key", batch_context(batch, quiet, left, self.quiet))
+        self.count += valid.sum((1, 2))
+        self.nonzero += (valid & (acts != 0)).sum((1, 2))
+        self.max = torch.maximum(self.max, torch.where(valid, acts, _math.NEG).amax((1, 2)))
+        self.min = torch.minimum(self.min, torch.where(valid, acts, float("inf")).amin((1, 2)))
+        unit = torch.arange(units)[:, None, None].expand_as(acts)[valid]
+        self.sketch += torch.bincount(
+            unit * _math.BUCKETS + _math.bucket(acts[valid]), minlength=units * _math.BUCKETS
+        ).reshape(units, _math.BUCKETS)
+        flat = acts.reshape(units, -1)
+        self.blocks = _math.fold_blocks([*self.blocks, (batch.index, 1, _math.moments(flat, valid.reshape(units, -1)))])
+        if self.gram is not None and self.sums is not None:
+            gram, sums = _math.coactivation(torch.where(valid, acts, 0.0).reshape(units, -1))
+            self.gram += gram
+            self.sums += sums
+
+    def merge(self, other: FirstPass) -> FirstPass:
+        """Two disjoint parts of one run as one (the same bits as one process, whatever the split)."""
+        return FirstPass(
+            top=_examples.merge_slots(self.top, other.top, "value"),
+            quiet=_examples.merge_slots(self.quiet, other.quiet, "key"),
+            count=self.count + other.count,
+            nonzero=self.nonzero + other.nonzero,
+            nans=self.nans + other.nans,
+            max=torch.maximum(self.max, other.max),
+            min=torch.minimum(self.min, other.min),
+            sketch=self.sketch + other.sketch,
+            blocks=_math.fold_blocks(self.blocks + other.blocks),
+            nan_at=sorted(self.nan_at + other.nan_at)[:NAN_PLACES],
+            gram=None if self.gram is None or other.gram is None else self.gram + other.gram,
+            sums=None if self.sums is None or other.sums is None else self.sums + other.sums,
+        )
+
+
+@dataclass
+class Bands:
+    """The second pass's state: uniform samples within each unit's bands of activating (positive) values.
+
+    ``"interval"``: ``bands`` equal-width intervals of ``(0, max]``; ``"rank"``: ``bands`` equal-count bins of the
+    positive values, cut at the sketch's quantiles. Group ``unit * bands + j`` is band ``j`` of ``unit``.
+    """
+
+    interval: Slots
+    rank: Slots
+    edges: dict[str, torch.Tensor]
+    """``(units, bands + 1)`` float64 band edges of each kind (band ``j`` is ``(edges[j], edges[j + 1]]``)."""
+
+    @classmethod
+    def empty(cls, first: FirstPass, bands: int, samples: int, width: int) -> Bands:
+        """No samples yet; the bands cut from the first pass's maxima and sketch."""
+        units = first.count.shape[0]
+        top = first.max.double().clamp(min=0)
+        interval = top[:, None] * torch.arange(bands + 1, dtype=torch.float64)[None, :] / bands
+        positive = first.sketch.clone()
+        positive[:, : _math.SIDE + 1] = 0
+        inner = _math.sketch_quantile(positive, torch.arange(1, bands, dtype=torch.float64) / bands)
+        rank = torch.cat([torch.zeros(units, 1, dtype=torch.float64), inner.nan_to_num(0.0), top[:, None]], dim=1)
+        return cls(
+            interval=Slots.empty(units * bands, samples, width),
+            rank=Slots.empty(units * bands, samples, width),
+            edges={"interval": interval, "rank": rank},
+        )
+
+    def add(self, batch: Batch, *, seed: int, left: int) -> None:
+        """Take in one batch."""
+        acts = batch.acts
+        units = acts.shape[0]
+        bands = self.edges["interval"].shape[1] - 1
+        positive = batch.included[None] & (acts > 0)
+        keys = _math.keys(seed + 1, torch.arange(units), batch.documents, torch.arange(acts.shape[2]))
+        flat = acts.reshape(units, -1).double()
+        for kind in ("interval", "rank"):
+            inner = self.edges[kind][:, 1:-1].contiguous()
+            band = torch.searchsorted(inner, flat).reshape(acts.shape)  # edges below the value: its band
+            slots = getattr(self, kind)
+            for j in range(bands):
+                group = torch.arange(units) * bands + j
+                new = sample_candidates(batch, Slots(*(t[group] for t in slots.state().values())),
+                                        positive & (band == j), keys, group)  # fmt: skip
+                slots = _examples.merge(slots, new, "key", batch_context(batch, new, left, slots))
+            setattr(self, kind, slots)
+
+    def merge(self, other: Bands) -> Bands:
+        """Two disjoint parts of one second pass as one."""
+        return Bands(
+            interval=_examples.merge_slots(self.interval, other.interval, "key"),
+            rank=_examples.merge_slots(self.rank, other.rank, "key"),
+            edges=self.edges,
+        )

@@ -1,0 +1,327 @@
+"""Pure tensor math of the streamed statistics: peaks, ordered merges, moments, the quantile sketch, hashed samples.
+
+Everything here is a function of tensors, so it is tested without a model. The conventions:
+
+* a unit's activations in one batch are ``acts: (units, documents, tokens)``; excluded positions hold ``-inf``;
+* an example is ``(value, document, position)``, ordered by value descending, then document, then position;
+* the moments of a unit are ``(count, mean, M2, M3, M4)`` with ``Mp = sum (x - mean)^p`` (Pébay 2008), merged exactly
+  as written in :func:`merge_moments`, always left block first, so that a fixed tree of merges gives fixed bits.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+NEG = float("-inf")
+
+# -- exact top-k with a minimum gap --------------------------------------------------------------------------------
+
+
+def peaks(acts: torch.Tensor, k: int, gap: int, floor: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Up to ``k`` peaks per unit and document, greedily: the largest value, then the largest ``gap`` or more away.
+
+    Args:
+        acts: ``(units, documents, tokens)``; excluded positions ``-inf``.
+        k: peaks per unit and document.
+        gap: two peaks of one document are at least ``gap`` positions apart (``gap <= 1``: distinct positions).
+        floor: ``(units,)``; a document whose best value is below its unit's floor has no peak that could enter the
+            unit's top-k: it is skipped.
+
+    Returns:
+        ``values, positions``: ``(units, documents, k)``, best first; ``-inf`` (position 0) where there is none.
+
+    Example:
+        >>> values, positions = peaks(torch.tensor([[[1.0, 5.0, 4.0, 0.0, 3.0]]]), 3, 2, torch.tensor([NEG]))
+        >>> values.tolist(), positions.tolist()
+        ([[[5.0, 3.0, -inf]]], [[[1, 4, 0]]])
+    """
+    units, docs, tokens = acts.shape
+    values = torch.full((units * docs, k), NEG, dtype=acts.dtype)
+    positions = torch.zeros((units * docs, k), dtype=torch.long)
+    work = acts.reshape(units * docs, tokens)
+    rows = torch.arange(units * docs)
+    row_floor = floor.to(acts.dtype).repeat_interleave(docs)
+    offsets = torch.arange(-(max(gap, 1) - 1), max(gap, 1))
+    for r in range(k):
+        value, position = work.max(dim=1)
+        live = (value >= row_floor) & (value > NEG)
+        if not bool(live.any()):
+            break
+        if not bool(live.all()):
+            work, rows, row_floor, value, position = (t[live] for t in (work, rows, row_floor, value, position))
+        values[rows, r], positions[rows, r] = value, position
+        work = work.clone() if r == 0 else work  # never write into the caller's tensor
+        work.scatter_(1, (position[:, None] + offsets).clamp(0, tokens - 1), NEG)
+    return values.reshape(units, docs, k), positions.reshape(units, docs, k)
+
+
+def lexsort(*keys: torch.Tensor) -> torch.Tensor:
+    """The permutation of 1-D ``keys`` that sorts by the last key, then the one before it, ... (as ``numpy.lexsort``).
+
+    Example:
+        >>> value, document = torch.tensor([1.0, 2.0, 2.0, 2.0]), torch.tensor([0, 5, 3, 3])
+        >>> lexsort(torch.tensor([0, 0, 9, 2]), document, -value).tolist()
+        [3, 2, 1, 0]
+    """
+    perm = torch.argsort(keys[0], stable=True)
+    for key in keys[1:]:
+        perm = perm[torch.argsort(key[perm], stable=True)]
+    return perm
+
+
+def group_rank(group: torch.Tensor) -> torch.Tensor:
+    """Each entry's rank within its group, for entries already sorted by group.
+
+    Example:
+        >>> group_rank(torch.tensor([0, 0, 2, 2, 2, 5])).tolist()
+        [0, 1, 0, 1, 2, 0]
+    """
+    if not len(group):
+        return group
+    start = torch.ones_like(group, dtype=torch.bool)
+    start[1:] = group[1:] != group[:-1]
+    first = torch.arange(len(group))[start]
+    return torch.arange(len(group)) - first.repeat_interleave(torch.diff(first, append=torch.tensor([len(group)])))
+
+
+# -- hashed uniform samples -----------------------------------------------------------------------------------------
+
+_P = 2_147_483_647  # 2^31 - 1: every product below stays under 2^62
+
+
+def keys(seed: int, units: torch.Tensor, documents: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+    """``(len(units), len(documents), len(positions))`` pseudo-random keys in ``[0, 2^31 - 1)``, the same anywhere.
+
+    Keeping the smallest keys of a set is a uniform sample of it without replacement that any split of the data
+    merges to exactly (bottom-k sampling), so band samples and non-activating examples depend neither on the
+    batches, nor on shards or resumes.
+
+    Example:
+        >>> a = keys(0, torch.tensor([1]), torch.tensor([2]), torch.tensor([3, 4]))
+        >>> a.shape, bool(a[0, 0, 0] != a[0, 0, 1]), bool(torch.equal(a, keys(0, torch.tensor([1]),
+        ...     torch.tensor([2]), torch.tensor([3, 4]))))
+        (torch.Size([1, 1, 2]), True, True)
+    """
+
+    def mix(h: torch.Tensor, part: torch.Tensor, multiplier: int) -> torch.Tensor:
+        h = ((h ^ (part % _P)) * multiplier + 12_345) % _P
+        return ((h ^ (h >> 13)) * 40_692) % _P
+
+    start = torch.tensor((seed * 2_654_435 + 97) % _P)
+    place = mix(mix(start, documents[:, None], 69_621), positions[None, :], 16_807)  # (documents, positions)
+    unit = mix(start, units, 48_271)  # (units,)
+    return mix(place[None], unit[:, None, None], 48_271)
+
+
+# -- moments --------------------------------------------------------------------------------------------------------
+
+
+def moments(x: torch.Tensor, included: torch.Tensor) -> torch.Tensor:
+    """``(5, units)`` float64: count, mean and the centred power sums M2, M3, M4 of the included values.
+
+    Args:
+        x: ``(units, values)``.
+        included: ``(units, values)`` bool.
+
+    Example:
+        >>> m = moments(torch.tensor([[1.0, 2.0, 6.0]]), torch.tensor([[True, True, True]]))
+        >>> m[:, 0].tolist()
+        [3.0, 3.0, 14.0, 18.0, 98.0]
+    """
+    x = torch.where(included, x.double(), 0.0)
+    count = included.sum(1).double()
+    mean = x.sum(1) / count.clamp(min=1)
+    d = torch.where(included, x - mean[:, None], 0.0)
+    d2 = d * d
+    return torch.stack([count, mean, d2.sum(1), (d2 * d).sum(1), (d2 * d2).sum(1)])
+
+
+def merge_moments(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """The moments of two disjoint sets from theirs (Pébay 2008, eq. 2.1-2.3); ``a`` is the earlier block.
+
+    Example:
+        >>> x, on = torch.tensor([[1.0, 2.0, 6.0, -1.0]]), torch.ones(1, 4, dtype=torch.bool)
+        >>> merged = merge_moments(moments(x[:, :1], on[:, :1]), moments(x[:, 1:], on[:, 1:]))
+        >>> bool(torch.allclose(merged, moments(x, on)))
+        True
+    """
+    na, ma, a2, a3, a4 = a
+    nb, mb, b2, b3, b4 = b
+    n = na + nb
+    safe = n.clamp(min=1)
+    delta = mb - ma
+    mean = ma + delta * nb / safe
+    m2 = a2 + b2 + delta**2 * na * nb / safe
+    m3 = a3 + b3 + delta**3 * na * nb * (na - nb) / safe**2 + 3 * delta * (na * b2 - nb * a2) / safe
+    m4 = (
+        a4
+        + b4
+        + delta**4 * na * nb * (na * na - na * nb + nb * nb) / safe**3
+        + 6 * delta**2 * (na * na * b2 + nb * nb * a2) / safe**2
+        + 4 * delta * (na * b3 - nb * a3) / safe
+    )
+    return torch.stack([n, mean, m2, m3, m4])
+
+
+def describe_moments(m: torch.Tensor) -> dict[str, torch.Tensor]:
+    """Mean, population variance, skewness and excess kurtosis (0 for a normal, as ``scipy.stats.kurtosis``).
+
+    Undefined values (no values; zero variance for skewness and kurtosis) are NaN.
+
+    Example:
+        >>> d = describe_moments(torch.tensor([[3.0], [3.0], [14.0], [18.0], [98.0]], dtype=torch.float64))
+        >>> round(float(d["variance"]), 4), round(float(d["skewness"]), 4), round(float(d["kurtosis"]), 4)
+        (4.6667, 0.5952, -1.5)
+    """
+    n, mean, m2, m3, m4 = m
+    nan = torch.full_like(n, math.nan)
+    some = n > 0
+    varied = some & (m2 > 0)
+    variance = torch.where(some, m2 / n.clamp(min=1), nan)
+    skewness = torch.where(varied, (m3 / n.clamp(min=1)) / variance.clamp(min=1e-300) ** 1.5, nan)
+    kurtosis = torch.where(varied, (m4 / n.clamp(min=1)) / variance.clamp(min=1e-300) ** 2 - 3, nan)
+    return {"mean": torch.where(some, mean, nan), "variance": variance, "skewness": skewness, "kurtosis": kurtosis}
+
+
+def fold_blocks(blocks: list[tuple[int, int, torch.Tensor]]) -> list[tuple[int, int, torch.Tensor]]:
+    """Merge adjacent sibling blocks ``(start, size, moments)`` into their parent until none are left.
+
+    Blocks are aligned dyadic ranges of batch numbers (``start`` a multiple of ``size``, a power of two). The tree
+    of merges is fixed by the batch numbers alone, so one process, a resumed one and any split into shards produce
+    the same blocks, bit for bit.
+
+    Example:
+        >>> one = torch.ones(5, 1, dtype=torch.float64)
+        >>> [(s, n) for s, n, _ in fold_blocks([(0, 1, one), (1, 1, one), (2, 1, one)])]
+        [(0, 2), (2, 1)]
+    """
+    out: list[tuple[int, int, torch.Tensor]] = []
+    for block in sorted(blocks, key=lambda b: b[0]):
+        out.append(block)
+        while len(out) >= 2:
+            (s1, n1, m1), (s2, n2, m2) = out[-2], out[-1]
+            if n1 != n2 or s1 % (2 * n1) or s1 + n1 != s2:
+                break
+            out[-2:] = [(s1, 2 * n1, merge_moments(m1, m2))]
+    return out
+
+
+def total_moments(blocks: list[tuple[int, int, torch.Tensor]], units: int) -> torch.Tensor:
+    """The moments of all blocks: siblings folded, then the rest merged left to right."""
+    total = torch.zeros(5, units, dtype=torch.float64)
+    for _, _, m in fold_blocks(blocks):
+        total = merge_moments(total, m)
+    return total
+
+
+# -- the quantile sketch --------------------------------------------------------------------------------------------
+
+ALPHA = 0.02
+"""The sketch's relative value accuracy: every value is counted in a bucket ``(g^(i-1), g^i]``, ``g = (1+a)/(1-a)``."""
+GAMMA = (1 + ALPHA) / (1 - ALPHA)
+LOW, HIGH = 1e-6, 1e6
+"""Magnitudes below ``LOW`` (but not zero) share one bucket per sign, as do those above ``HIGH``."""
+_I0 = math.ceil(math.log(LOW) / math.log(GAMMA))
+_I1 = math.ceil(math.log(HIGH) / math.log(GAMMA))
+SIDE = _I1 - _I0 + 2  # buckets per sign: the tiny one, the regular ones, the huge one
+BUCKETS = 2 * SIDE + 1  # negative side (largest magnitude first), zero, positive side
+
+
+def bucket(x: torch.Tensor) -> torch.Tensor:
+    """The sketch bucket of each value: ``SIDE`` is zero; above it the positive side, below it the negative one.
+
+    Example:
+        >>> b = bucket(torch.tensor([0.0, 1.0, -1.0, 1e-9, 1e9]))
+        >>> int(b[0]) == SIDE, int(b[1]) + int(b[2]) == 2 * SIDE, int(b[3]) == SIDE + 1, int(b[4]) == BUCKETS - 1
+        (True, True, True, True)
+    """
+    magnitude = x.abs().double()
+    index = torch.ceil(torch.log(magnitude.clamp(min=LOW, max=HIGH)) / math.log(GAMMA)).long() - _I0 + 1
+    index = torch.where(magnitude < LOW, 0, torch.where(magnitude > HIGH, SIDE - 1, index.clamp(1, SIDE - 2)))
+    side = SIDE + 1 + index
+    return torch.where(x > 0, side, torch.where(x < 0, SIDE - 1 - index, SIDE))
+
+
+def bucket_values() -> torch.Tensor:
+    """``(BUCKETS,)`` float64: the value each bucket stands for (within ``ALPHA`` of any value in it, but the ends)."""
+    i = torch.arange(SIDE - 2, dtype=torch.float64) + _I0
+    regular = 2 * GAMMA**i / (GAMMA + 1)
+    side = torch.cat([torch.tensor([LOW / 2]), regular, torch.tensor([HIGH])])
+    return torch.cat([-side.flip(0), torch.zeros(1, dtype=torch.float64), side])
+
+
+def sketch_quantile(counts: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
+    """``(units, len(q))``: the value standing for the bucket that holds rank ``ceil(q * n)`` (at least 1).
+
+    Args:
+        counts: ``(units, BUCKETS)`` counts.
+        q: quantiles in ``[0, 1]``.
+    """
+    total = counts.sum(1, keepdim=True)
+    cumulative = counts.cumsum(1)
+    rank = torch.ceil(q.double()[None, :] * total).clamp(min=1).long()
+    index = torch.searchsorted(cumulative, rank).clamp(max=BUCKETS - 1)
+    values = bucket_values()[index]
+    return torch.where(total > 0, values, math.nan)
+
+
+def rank_error(counts: torch.Tensor) -> torch.Tensor:
+    """``(units,)``: the bound on the rank error (a fraction of the values) of any quantile the sketch answers.
+
+    A quantile's true value lies in the bucket the sketch names, so its rank is off by less than the count of that
+    bucket; zero is its own exact bucket and does not count.
+    """
+    total = counts.sum(1).clamp(min=1)
+    inexact = counts.clone()
+    inexact[:, SIDE] = 0
+    return inexact.max(1).values.double() / total
+
+
+# -- co-activation --------------------------------------------------------------------------------------------------
+
+QUANTUM = 12
+"""Activations enter the co-activation sums rounded to steps of ``2^-QUANTUM``, clamped to ``+-2^(20 - QUANTUM)``."""
+_LIMIT = 2.0**20
+
+
+def coactivation(acts: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(gram, sums)``: the products' and the values' sums of ``(units, values)`` activations, as exact integers.
+
+    The activations are rounded to multiples of ``2^-QUANTUM``; the products of those integers, summed over one batch
+    in float64, stay below ``2^53`` (up to ``2^13`` values per call), so each batch's sums are exact and adding them
+    as int64 is exact too: any split of the data gives the same sums. Sparse activations (dictionary features) take
+    a sparse product.
+
+    Example:
+        >>> gram, sums = coactivation(torch.tensor([[1.0, 0.0, 2.0], [0.5, 0.0, 0.0]]))
+        >>> (gram.double() / 4**QUANTUM).tolist(), (sums.double() / 2**QUANTUM).tolist()
+        ([[5.0, 0.5], [0.5, 0.25]], [3.0, 0.5])
+    """
+    q = torch.round(acts.double() * 2**QUANTUM).clamp(-_LIMIT, _LIMIT)
+    gram = torch.zeros(q.shape[0], q.shape[0], dtype=torch.long)
+    for chunk in q.split(2**13, dim=1):
+        if chunk.count_nonzero() * 8 < chunk.numel():
+            sparse = chunk.to_sparse()
+            product = torch.sparse.mm(sparse, chunk.T.contiguous())
+        else:
+            product = chunk @ chunk.T
+        gram += product.long()
+    return gram, q.sum(1).long()
+
+
+def correlation(gram: torch.Tensor, sums: torch.Tensor, count: int, rows: torch.Tensor | None = None) -> torch.Tensor:
+    """``(len(rows), units)`` Pearson correlations of the ``rows`` units with every unit (NaN where one is constant).
+
+    Example:
+        >>> gram, sums = coactivation(torch.tensor([[1.0, 0.0, 2.0], [2.0, 0.0, 4.0], [0.0, 1.0, 0.0]]))
+        >>> correlation(gram, sums, 3, torch.tensor([0])).round(decimals=4).tolist()
+        [[1.0, 1.0, -0.866]]
+    """
+    rows = torch.arange(gram.shape[0]) if rows is None else rows
+    s = sums.double()
+    covariance = count * gram[rows].double() - s[rows, None] * s[None, :]
+    spread = (count * gram.diagonal().double() - s * s).clamp(min=0).sqrt()
+    denominator = spread[rows, None] * spread[None, :]
+    return torch.where(denominator > 0, covariance / denominator.clamp(min=1e-300), float("nan"))
