@@ -6,7 +6,7 @@ import hashlib
 import io
 import json
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
@@ -57,10 +57,26 @@ class UnitReport:
     """``top_ids``/``top_values``/``bottom_ids``/``bottom_values``, ``(units, 20)``: the logit effects."""
     documents: int = 0
     tokenizer: Any = None
+    sources: list[dict[str, Any]] = field(default_factory=list)
+    """Per kind of unit given, in order: ``kind``, ``module``, ``side``, ``layer``, ``indices`` (see :meth:`find`)."""
 
     # -- look-ups ---------------------------------------------------------------------------------------------------
     def __len__(self) -> int:
         return len(self.labels)
+
+    def find(self, kind: str, layer: int | None, index: int, module: str | None = None) -> int | None:
+        """The number of the unit that is neuron/feature/direction ``index`` of ``layer`` (or of ``module``).
+
+        ``kind`` is ``"neuron"``, ``"feature"`` or ``"direction"``; ``None`` where the report has no such unit.
+        """
+        first = 0
+        for source in self.sources:
+            indices = source["indices"]
+            same_place = source["layer"] == layer if module is None else source["module"] == module
+            if source["kind"] == kind and same_place and index in indices:
+                return first + indices.index(index)
+            first += len(indices)
+        return None
 
     def index(self, unit: Unit) -> int:
         """A unit's number from its number or label."""
@@ -275,6 +291,9 @@ class UnitReport:
         for name in ("labels", "settings"):
             if getattr(self, name) != getattr(other, name):
                 raise ValueError(f"the reports differ in their {name}: only parts of one run merge")
+        covered = sorted((s, s + n) for s, n, _ in self.first.blocks + other.first.blocks)
+        if any(a[1] > b[0] for a, b in zip(covered, covered[1:], strict=False)):
+            raise ValueError("the reports cover some of the same batches: only disjoint parts of one run merge")
         bands = None
         if self.band_samples is not None and other.band_samples is not None:
             same = all(
@@ -295,6 +314,7 @@ class UnitReport:
             logits=self.logits,
             documents=self.documents + other.documents,
             tokenizer=self.tokenizer,
+            sources=self.sources,
         )
 
     def state(self) -> dict[str, Any]:
@@ -321,6 +341,7 @@ class UnitReport:
             "writes": self.writes,
             "logits": self.logits,
             "documents": self.documents,
+            "sources": json.loads(json.dumps(self.sources)),
         }
 
     @classmethod
@@ -349,6 +370,7 @@ class UnitReport:
             logits=state["logits"],
             documents=int(state["documents"]),
             tokenizer=tokenizer,
+            sources=list(state.get("sources", [])),
         )
 
     def save(self, path: str | Path) -> Path:

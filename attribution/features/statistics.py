@@ -150,6 +150,7 @@ def feature_statistics(
         logits=logits,
         documents=source.documents,
         tokenizer=tokenizer,
+        sources=[b.source for b in plan.bound],
     )
     _warn_about(report)
     return report

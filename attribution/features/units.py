@@ -37,6 +37,10 @@ class Bound:
     """``(width, d_model)`` what each unit writes into the residual stream (``None``: not known)."""
     identity: str
     """Text that changes when the units do (for resumed runs)."""
+    source: dict[str, object] = field(default_factory=dict)
+    """``kind`` (``"neuron"``, ``"feature"``, ``"direction"``), ``module``, ``side``, ``layer`` (the decoder layer the
+    site is in, or ``None``) and ``indices`` (the neuron or feature numbers, or direction rows): where units come
+    from, for looking them up by what a graph node names (:meth:`UnitReport.find`)."""
 
 
 def _indices(indices: Sequence[int] | None, size: int, what: str) -> torch.Tensor:
@@ -96,6 +100,7 @@ class Neurons:
             encode=lambda x: x[..., chosen.to(x.device)],
             writes=down[:, chosen].T.contiguous(),
             identity=f"Neurons({name}, {chosen.tolist()})",
+            source=_source("neuron", name, "input", layer.index, chosen),
         )
 
 
@@ -141,9 +146,10 @@ class Features:
             module=self.site,
             side=side,
             width=len(chosen),
-            labels=[f"F{int(i)}" for i in chosen],
+            labels=[f"{_prefix(model, self.site)}F{int(i)}" for i in chosen],
             encode=encode,
             writes=writes,
+            source=_source("feature", self.site, side, _layer_of(model, self.site), chosen),
             identity=f"Features({type(d).__name__}, {self.site}, {side}, {_digest(*d.state_dict().values())}, "
             f"{chosen.tolist()})",
         )
@@ -195,10 +201,33 @@ class Directions:
             encode=encode,
             writes=v.float().cpu(),
             identity=f"Directions({self.site}, {self.side}, {_digest(v)})",
+            source=_source("direction", self.site, self.side, _layer_of(model, self.site), torch.arange(len(v))),
         )
 
 
 Units = Neurons | Features | Directions
+
+
+def _source(kind: str, module: str, side: str, layer: int | None, indices: torch.Tensor) -> dict[str, object]:
+    return {"kind": kind, "module": module, "side": side, "layer": layer, "indices": indices.tolist()}
+
+
+def _layer_of(model: nn.Module, site: str) -> int | None:
+    """The decoder layer whose module holds ``site`` (``None``: not a language model's layer, or none)."""
+    try:
+        layers = lm_layout(model).layers
+    except ValueError:
+        return None
+    for layer in layers:
+        if site == layer.module or site.startswith(layer.module + "."):
+            return layer.index
+    return None
+
+
+def _prefix(model: nn.Module, site: str) -> str:
+    """``"L3/"`` for a site in layer 3, else ``"<site>/"``."""
+    layer = _layer_of(model, site)
+    return f"L{layer}/" if layer is not None else f"{site}/"
 
 
 def _module(model: nn.Module, site: str) -> None:
