@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import io
+import itertools
 import json
 import os
 from dataclasses import dataclass, field
@@ -292,7 +293,7 @@ class UnitReport:
             if getattr(self, name) != getattr(other, name):
                 raise ValueError(f"the reports differ in their {name}: only parts of one run merge")
         covered = sorted((s, s + n) for s, n, _ in self.first.blocks + other.first.blocks)
-        if any(a[1] > b[0] for a, b in zip(covered, covered[1:], strict=False)):
+        if any(a[1] > b[0] for a, b in itertools.pairwise(covered)):
             raise ValueError("the reports cover some of the same batches: only disjoint parts of one run merge")
         bands = None
         if self.band_samples is not None and other.band_samples is not None:
