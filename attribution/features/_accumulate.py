@@ -206,7 +206,8 @@ class Bands:
         positive = first.sketch.clone()
         positive[:, : _math.SIDE + 1] = 0
         inner = _math.sketch_quantile(positive, torch.arange(1, bands, dtype=torch.float64) / bands)
-        rank = torch.cat([torch.zeros(units, 1, dtype=torch.float64), inner.nan_to_num(0.0), top[:, None]], dim=1)
+        inner = torch.minimum(inner.nan_to_num(0.0), top[:, None])  # a bucket's value can pass the maximum by 2%
+        rank = torch.cat([torch.zeros(units, 1, dtype=torch.float64), inner, top[:, None]], dim=1)
         return cls(
             interval=Slots.empty(units * bands, samples, width),
             rank=Slots.empty(units * bands, samples, width),

@@ -389,6 +389,11 @@ def _run(
             )
         state.chain.update(f"{tuple(ids.shape)}".encode())
         state.chain.update(ids.detach().cpu().to(torch.int64).contiguous().numpy().tobytes())
+        if index == 0 and state.phase == 1 and ids.shape[1] < plan.left + plan.right + 1:
+            warn(
+                f"the documents have {ids.shape[1]} tokens, shorter than the context ({plan.left} + 1 + {plan.right}): "
+                "the examples' contexts are cut at the documents' ends; give longer documents or a shorter `context`"
+            )
         if index < state.at or (mine is not None and index not in mine):
             continue
         acts = _activations(model, plan, inputs, ids)

@@ -85,7 +85,10 @@ class Neurons:
         """Where the neurons are in ``model`` (through :func:`attribution.models.lm_layout`)."""
         layers = lm_layout(model).layers
         if not -len(layers) <= self.layer < len(layers):
-            raise ValueError(f"`layer` {self.layer} is not a layer of the model: it has {len(layers)} (0..)")
+            raise ValueError(
+                f"`layer` {self.layer} is not a layer of the model: it has {len(layers)} layers "
+                f"(0 to {len(layers) - 1})"
+            )
         layer = layers[self.layer]
         if layer.mlp_parts is None:
             raise ValueError(f"layer {layer.index} has no MLP with known parts (a mixture of experts?): use Directions")
