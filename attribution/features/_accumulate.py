@@ -111,13 +111,16 @@ class FirstPass:
     nan_at: list[tuple[int, int, int]]
     """The first NaN activations: ``(document, position, unit)``, at most :data:`NAN_PLACES`."""
     gram: torch.Tensor | None = None
-    """``(units, units)`` int64: sums of products of the activations in steps of ``2^-QUANTUM`` (co-activation)."""
+    """``(m, m)`` int64: sums of products of the activations of the co-activation units in steps of ``2^-QUANTUM``."""
     sums: torch.Tensor | None = None
-    """``(units,)`` int64: sums of the activations in the same steps."""
+    """``(m,)`` int64: sums of their activations in the same steps."""
+    paired: torch.Tensor | None = None
+    """``(m,)`` the co-activation units' numbers."""
 
     @classmethod
-    def empty(cls, units: int, k: int, samples: int, width: int, *, gram: bool = False) -> FirstPass:
-        """Nothing seen yet; ``gram``: also the co-activation sums."""
+    def empty(cls, units: int, k: int, samples: int, width: int, *, paired: torch.Tensor | None = None) -> FirstPass:
+        """Nothing seen yet; ``paired``: the units whose co-activation sums are kept."""
+        m = 0 if paired is None else len(paired)
         zeros = torch.zeros(units, dtype=torch.long)
         return cls(
             top=Slots.empty(units, k, width),
@@ -130,8 +133,9 @@ class FirstPass:
             sketch=torch.zeros((units, _math.BUCKETS), dtype=torch.long),
             blocks=[],
             nan_at=[],
-            gram=torch.zeros((units, units), dtype=torch.long) if gram else None,
-            sums=zeros.clone() if gram else None,
+            gram=None if paired is None else torch.zeros((m, m), dtype=torch.long),
+            sums=None if paired is None else torch.zeros(m, dtype=torch.long),
+            paired=paired,
         )
 
     def add(self, batch: Batch, *, k: int, gap: int, left: int, seed: int) -> None:
@@ -161,8 +165,9 @@ class FirstPass:
         ).reshape(units, _math.BUCKETS)
         flat = acts.reshape(units, -1)
         self.blocks = _math.fold_blocks([*self.blocks, (batch.index, 1, _math.moments(flat, valid.reshape(units, -1)))])
-        if self.gram is not None and self.sums is not None:
-            gram, sums = _math.coactivation(torch.where(valid, acts, 0.0).reshape(units, -1))
+        if self.gram is not None and self.sums is not None and self.paired is not None:
+            chosen = torch.where(valid, acts, 0.0)[self.paired]
+            gram, sums = _math.coactivation(chosen.reshape(len(self.paired), -1))
             self.gram += gram
             self.sums += sums
 
@@ -181,6 +186,7 @@ class FirstPass:
             nan_at=sorted(self.nan_at + other.nan_at)[:NAN_PLACES],
             gram=None if self.gram is None or other.gram is None else self.gram + other.gram,
             sums=None if self.sums is None or other.sums is None else self.sums + other.sums,
+            paired=self.paired,
         )
 
 

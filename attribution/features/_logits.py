@@ -16,7 +16,8 @@ def effects(model: nn.Module, bound: list[Bound]) -> tuple[torch.Tensor | None, 
     """``(writes, logits)``: the units' output directions ``(units, d_model)`` and their top/bottom logit effects.
 
     A direction ``w`` raises the logits by ``W_U (gain * centre(w))`` with the final norm's scale left out, as the
-    logit lens reads a residual direction (``centre`` subtracts the mean for a LayerNorm). ``logits`` is ``None``
+    logit lens reads a residual direction (``centre`` subtracts the mean for a LayerNorm), in float32 (one
+    ``(units, vocabulary)`` product in chunks: 6 s for 6,144 units and SmolLM2's 49,152 tokens). ``logits`` is ``None``
     where the directions are not in the residual stream or the model has no final norm and unembedding to read.
     """
     if any(b.writes is None for b in bound):
@@ -28,9 +29,9 @@ def effects(model: nn.Module, bound: list[Bound]) -> tuple[torch.Tensor | None, 
         return writes, None
     if layout.unembed is None or writes.shape[1] != layout.hidden:
         return writes, None
-    norm = norm_affine(model.get_submodule(layout.final_norm), torch.randn(4, layout.hidden, dtype=torch.float64))
-    unembed = linear(model.get_submodule(layout.unembed), device=torch.device("cpu"))[0].detach().double()
-    return writes, top_and_bottom(norm.gain.double().cpu() * norm.centre(writes.double()), unembed, KEPT)
+    norm = norm_affine(model.get_submodule(layout.final_norm), torch.randn(4, layout.hidden))
+    unembed = linear(model.get_submodule(layout.unembed), device=torch.device("cpu"))[0].detach().float()
+    return writes, top_and_bottom(norm.gain.float().cpu() * norm.centre(writes.float()), unembed, KEPT)
 
 
 def top_and_bottom(directions: torch.Tensor, unembed: torch.Tensor, k: int) -> dict[str, torch.Tensor]:

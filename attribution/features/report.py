@@ -263,11 +263,19 @@ class UnitReport:
             row = w @ w[i]
         elif by == "correlation":
             first = self.first
-            if first.gram is None or first.sums is None:
+            if first.gram is None or first.sums is None or first.paired is None:
                 raise ValueError(
                     "this report has no co-activation sums: run feature_statistics with coactivation=True"
                 )  # fmt: skip
-            row = _math.correlation(first.gram, first.sums, int(first.count[i]), torch.tensor([i]))[0]
+            where = (first.paired == i).nonzero().flatten()
+            if not len(where):
+                raise ValueError(
+                    f"unit {self.labels[i]!r} has no co-activation sums (they are kept for dictionary features, or "
+                    "for every unit with coactivation=True): use by='cosine'"
+                )
+            values = _math.correlation(first.gram, first.sums, int(first.count[i]), where)[0]
+            row = torch.full((len(self),), float("nan"), dtype=torch.float64)
+            row[first.paired] = values
         else:
             raise ValueError(f"`by` must be 'correlation' or 'cosine'; got {by!r}")
         row = row.clone()
@@ -332,6 +340,7 @@ class UnitReport:
             "nan_at": [list(x) for x in first.nan_at],
             "gram": first.gram,
             "sums": first.sums,
+            "paired": first.paired,
             "bands": None
             if self.band_samples is None
             else {
@@ -357,6 +366,7 @@ class UnitReport:
             nan_at=[(int(a), int(b), int(c)) for a, b, c in state["nan_at"]],
             gram=state["gram"],
             sums=state["sums"],
+            paired=state.get("paired"),
             **state["stats"],
         )
         bands = state["bands"]

@@ -117,14 +117,14 @@ def feature_statistics(
     model = eager_module(model)
     plan = _plan(model, units, tokenizer, k, context, bands, samples, min_gap, exclude, seed)
     width = sum(b.width for b in plan.bound)
-    use_gram = _wants_gram(coactivation, units, width)
+    paired = _paired(coactivation, plan.bound)
     source = _Source(tokens, batch_size)
-    settings = _settings(plan, model, source, use_gram)
+    settings = _settings(plan, model, source, paired)
     rank, world = _distributed.setup()
     mine = source.share(rank, world)
     path = None if checkpoint is None else Path(f"{checkpoint}.rank{rank}of{world}" if world > 1 else checkpoint)
     state = _Resume(path, settings)
-    first = state.first or FirstPass.empty(width, plan.k, plan.samples, plan.left + plan.right + 1, gram=use_gram)
+    first = state.first or FirstPass.empty(width, plan.k, plan.samples, plan.left + plan.right + 1, paired=paired)
     if state.phase == 1:
         for batch in _run(model, plan, source, mine, state, "features: pass 1", progress):
             first.add(batch, k=plan.k, gap=plan.gap, left=plan.left, seed=plan.seed)
@@ -216,16 +216,17 @@ def _special_ids(model: nn.Module, tokenizer: Any) -> list[int]:
     return sorted(found)
 
 
-def _wants_gram(coactivation: bool | None, units: Any, width: int) -> bool:
-    from .units import Features
-
+def _paired(coactivation: bool | None, bound: list[Bound]) -> torch.Tensor | None:
+    """The units whose co-activation sums are kept: all (``True``), none (``False``), or the dictionary features."""
+    numbers = torch.arange(sum(b.width for b in bound))
     if coactivation is not None:
-        return bool(coactivation)
-    kinds = [units] if not isinstance(units, (list, tuple)) else list(units)
-    return all(isinstance(u, Features) for u in kinds) and width <= 8192
+        return numbers if coactivation else None
+    kinds = torch.cat([torch.full((b.width,), b.source.get("kind") == "feature") for b in bound])
+    chosen = numbers[kinds]
+    return chosen if 0 < len(chosen) <= 8192 else None
 
 
-def _settings(plan: _Plan, model: nn.Module, source: _Source, gram: bool) -> dict[str, Any]:
+def _settings(plan: _Plan, model: nn.Module, source: _Source, paired: torch.Tensor | None) -> dict[str, Any]:
     """What a resumed run must share with the run it continues, by name."""
     from ..datasets import model_digest
 
@@ -239,7 +240,7 @@ def _settings(plan: _Plan, model: nn.Module, source: _Source, gram: bool) -> dic
         "seed": plan.seed,
         "special_ids": plan.special,
         "exclude": plan.exclude,
-        "coactivation": gram,
+        "coactivation": None if paired is None else paired.tolist(),
         "batch_size": source.batch_size,
         "data": source.identity,
         "model": model_digest(model),
