@@ -46,9 +46,10 @@ def describe(report: UnitReport, unit: int, tokenizer) -> str:
     example = top[0]
     text = tokenizer.decode(list(example.tokens[: example.offset])) + "[[" + tokenizer.decode(
         [example.tokens[example.offset]]) + "]]"  # fmt: skip
+    share = f"{consistency(report, unit):.0%} of its top {len(top)} on {tokenizer.decode([token])!r}"
     return (
-        f"{report.labels[unit]:>8}: {consistency(report, unit):.0%} of its top {len(top)} on {tokenizer.decode([token])!r}"
-        f", density {float(report.density[unit]):.4f}, raises {raises}; e.g. ...{text[-60:]!r}"
+        f"{report.labels[unit]:>8}: {share}, density {float(report.density[unit]):.4f}, raises {raises}; "
+        f"e.g. ...{text[-60:]!r}"
     )
 
 
