@@ -226,6 +226,14 @@ def _paired(coactivation: bool | None, bound: list[Bound]) -> torch.Tensor | Non
     return chosen if 0 < len(chosen) <= 8192 else None
 
 
+def _span(numbers: torch.Tensor) -> str:
+    """A short text for a set of unit numbers (``"4608 units, 1536..6143"`` when consecutive)."""
+    first, last = int(numbers[0]), int(numbers[-1])
+    if last - first + 1 == len(numbers):
+        return f"{len(numbers)} units, {first}..{last}"
+    return f"{len(numbers)} units, {hashlib.sha256(str(numbers.tolist()).encode()).hexdigest()[:12]}"
+
+
 def _settings(plan: _Plan, model: nn.Module, source: _Source, paired: torch.Tensor | None) -> dict[str, Any]:
     """What a resumed run must share with the run it continues, by name."""
     from ..datasets import model_digest
@@ -240,7 +248,7 @@ def _settings(plan: _Plan, model: nn.Module, source: _Source, paired: torch.Tens
         "seed": plan.seed,
         "special_ids": plan.special,
         "exclude": plan.exclude,
-        "coactivation": None if paired is None else paired.tolist(),
+        "coactivation": None if paired is None else _span(paired),
         "batch_size": source.batch_size,
         "data": source.identity,
         "model": model_digest(model),
@@ -325,6 +333,11 @@ def _one_batch(item: Any) -> tuple[torch.Tensor, Any, torch.Tensor | None]:
     return ids, inputs, mask
 
 
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
 def _kind(x: Any) -> str:
     return f"a {x.dtype} tensor of shape {tuple(x.shape)}" if isinstance(x, torch.Tensor) else type(x).__name__
 
@@ -350,8 +363,8 @@ class _Resume:
         for name, value in settings.items():
             if saved.get(name) != value:
                 raise ValueError(
-                    f"`checkpoint` {str(path)!r} holds a run with another `{name}` ({saved.get(name)!r}, now "
-                    f"{value!r}): give the same settings to resume it, or another checkpoint path to start anew"
+                    f"`checkpoint` {str(path)!r} holds a run with another `{name}` ({_short(saved.get(name))}, now "
+                    f"{_short(value)}): give the same settings to resume it, or another checkpoint path to start anew"
                 )
         report = UnitReport.from_state(state)
         self.phase, self.at, self.digest = int(state["phase"]), int(state["at"]), str(state["digest"])
