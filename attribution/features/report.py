@@ -288,6 +288,28 @@ class UnitReport:
         decode = decoder(self.tokenizer)
         return "".join(decode(int(t)) for t in ids)
 
+    # -- the peers' files -------------------------------------------------------------------------------------------
+    def to_circuit_tracer(self, folder: str | Path, **options: Any) -> list[Path]:
+        """One circuit-tracer feature file per live unit (see :func:`attribution.features.export.to_circuit_tracer`)."""
+        from .export import to_circuit_tracer
+
+        return to_circuit_tracer(self, folder, **options)
+
+    def to_neuronpedia(self, folder: str | Path, *, model_id: str, **options: Any) -> list[Path]:
+        """Neuronpedia's feature and activation rows (see :func:`attribution.features.export.to_neuronpedia`)."""
+        from .export import to_neuronpedia
+
+        return to_neuronpedia(self, folder, model_id=model_id, **options)
+
+    def neuron_record(self, unit: Unit) -> dict[str, Any]:
+        """OpenAI automated-interpretability's ``NeuronRecord`` of a unit, as a dict.
+
+        See :func:`attribution.features.export.neuron_record`.
+        """
+        from .export import neuron_record
+
+        return neuron_record(self, unit)
+
     # -- merging and files ------------------------------------------------------------------------------------------
     def merge(self, other: UnitReport) -> UnitReport:
         """This report and one over other documents of the same run as one (shards of a torchrun run).
