@@ -40,7 +40,7 @@ from .dictionaries import (
     steer,
     train_dictionary,
 )
-from .features import Directions, Features, Neurons, UnitReport, feature_statistics
+from .features import Directions, Features, Neurons, UnitReport, explain, feature_statistics, score
 from .generation import GenerationAttribution, attribute_generation
 from .gradients import (
     Deconvolution,
@@ -133,6 +133,7 @@ __all__ = [
     "evaluate",
     "evaluate_dictionary",
     "exact_edge_effects",
+    "explain",
     "faithfulness",
     "faithfulness_curve",
     "feature_statistics",
@@ -143,6 +144,7 @@ __all__ = [
     "patch",
     "path_patching",
     "record",
+    "score",
     "splice",
     "steer",
     "train_dictionary",

@@ -8,9 +8,22 @@ parts merge to the one-process :class:`UnitReport` bit for bit. Units are spelle
 :class:`Features` or :class:`Directions`.
 """
 
+from .explanations import Explanation, detection_metrics, explain, score
 from .plot import plot_unit
 from .report import Example, UnitReport
 from .statistics import feature_statistics
 from .units import Directions, Features, Neurons
 
-__all__ = ["Directions", "Example", "Features", "Neurons", "UnitReport", "feature_statistics", "plot_unit"]
+__all__ = [
+    "Directions",
+    "Example",
+    "Explanation",
+    "Features",
+    "Neurons",
+    "UnitReport",
+    "detection_metrics",
+    "explain",
+    "feature_statistics",
+    "plot_unit",
+    "score",
+]

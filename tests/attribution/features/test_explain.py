@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from attribution.features import Neurons, feature_statistics
-from attribution.features.explain import (
+from attribution.features.explanations import (
     Explanation,
     binary_probability,
     detection_metrics,
@@ -22,7 +22,7 @@ from attribution.features.explain import (
 )
 
 transformers = pytest.importorskip("transformers")
-ex = importlib.import_module("attribution.features.explain")  # the module, also once `explain` the function is exported
+ex = importlib.import_module("attribution.features.explanations")  # the module (the family exports its functions)
 
 SPECIAL = ["[PAD]", "<s>", "</s>", "[UNK]"]
 VOCAB = SPECIAL + [str(v) for v in range(11)] + [f"w{i}" for i in range(49)]  # 64 words
