@@ -145,11 +145,12 @@ class Features:
                 return d.encode(x.to(d.W_enc.dtype))[..., chosen.to(x.device)]
 
         writes = d.W_dec.detach().float().cpu()[chosen]
+        prefix = _prefix(model, self.site)
         return Bound(
             module=self.site,
             side=side,
             width=len(chosen),
-            labels=[f"{_prefix(model, self.site)}F{int(i)}" for i in chosen],
+            labels=[f"{prefix}F{int(i)}" for i in chosen],
             encode=encode,
             writes=writes,
             source=_source("feature", self.site, side, _layer_of(model, self.site), chosen),
