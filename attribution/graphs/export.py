@@ -8,12 +8,18 @@ import math
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from .._html import TokenTable, script_json, visible
 from .._inputs import decoder
 from ._math import _cumulative
 from ._page import PAGE as _PAGE
 
 if TYPE_CHECKING:
     from .graph import AttributionGraph
+
+CARD_EXAMPLES = 5
+"""Top examples shown for a clicked node's unit."""
+CARD_LOGITS = 6
+"""Top and bottom logit effects shown for a clicked node's unit."""
 
 
 def _process(text: str) -> str:
@@ -111,27 +117,64 @@ def write_json(graph: AttributionGraph, path: Path, *, tokenizer: Any = None, sc
     return content
 
 
-def html_page(graph: AttributionGraph, *, tokenizer: Any = None, top_tokens: Any = None) -> str:
+def html_page(graph: AttributionGraph, *, tokenizer: Any = None, top_tokens: Any = None, features: Any = None) -> str:
     """The self-contained viewer's page (see :meth:`AttributionGraph.to_html`)."""
     text = decoder(tokenizer)
+    cards, card_of, tokens = _feature_cards(graph, features, tokenizer)
     nodes = []
     for i in range(len(graph.nodes)):
         node = graph.nodes[i]
-        names = {"token": text(node.index), "logit": f"→{text(node.index)}", "feature": f"L{node.layer}/f{node.index}",
-                 "error": f"L{node.layer}/error"}  # fmt: skip
+        names = {"token": visible(text(node.index)), "logit": f"→{visible(text(node.index))}",
+                 "feature": f"L{node.layer}/f{node.index}", "error": f"L{node.layer}/error"}  # fmt: skip
         label = names.get(node.kind, f"L{node.layer}/{node.index}")
+        card = card_of.get(i, -1)
+        if card >= 0 and cards[card]["reads"] is not None:
+            label = f"“{cards[card]['reads']}” {label}"
         tops = [str(t) for t in (top_tokens or {}).get(i, [])]
         nodes.append({"kind": node.kind, "layer": node.layer, "pos": node.position, "index": node.index,
                       "act": _finite(node.activation), "infl": _finite(node.influence), "label": label,
-                      "top": tops})  # fmt: skip
+                      "top": tops, "unit": card})  # fmt: skip
     adjacency = graph.adjacency.coalesce()
     target, source = adjacency.indices().tolist()
     edges = [[s, t, _finite(w)] for t, s, w in zip(target, source, adjacency.values().tolist(), strict=True)]
-    data = json.dumps({"nodes": nodes, "edges": edges, "layers": graph.n_layers,
-                       "tokens": [text(t) for t in graph.tokens.tolist()]})  # fmt: skip
-    data = data.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")  # safe inside <script>
+    data = script_json({"nodes": nodes, "edges": edges, "layers": graph.n_layers, "units": cards, "V": tokens.texts,
+                        "tokens": [visible(text(t)) for t in graph.tokens.tolist()]}, compact=False)  # fmt: skip
     title = html.escape(f"Attribution graph: {len(graph.nodes)} nodes, {len(edges)} edges")
     return _PAGE.replace("__TITLE__", title).replace("__DATA__", data)
+
+
+def _feature_cards(
+    graph: AttributionGraph, report: Any, tokenizer: Any
+) -> tuple[list[dict[str, Any]], dict[int, int], TokenTable]:
+    """``(cards, {node: card}, token texts)``: the summary of each neuron's or feature's unit in ``report``.
+
+    A node's unit is ``report.find(kind, layer, index)``; nodes of one unit share its card. A card is
+    :func:`attribution.features.dashboard.unit_card`'s, with ``reads``: the visible text of its top example's token.
+    """
+    if report is None:
+        return [], {}, TokenTable(decoder(tokenizer))
+    from ..features import UnitReport
+    from ..features.dashboard import unit_card
+
+    if not isinstance(report, UnitReport):
+        raise TypeError(f"`features` must be a UnitReport (from feature_statistics); got {type(report).__name__}")
+    tokens = TokenTable(decoder(report.tokenizer if report.tokenizer is not None else tokenizer))
+    cards: list[dict[str, Any]] = []
+    number: dict[int, int] = {}
+    card_of: dict[int, int] = {}
+    for i, (kind, layer, index) in enumerate(zip(graph.nodes.kind, graph.nodes.layer.tolist(),
+                                                 graph.nodes.index.tolist(), strict=True)):  # fmt: skip
+        unit = report.find(kind, layer, index) if kind in ("neuron", "feature") else None
+        if unit is None:
+            continue
+        if unit not in number:
+            card = unit_card(report, unit, tokens, examples=CARD_EXAMPLES, logits=CARD_LOGITS)
+            top = card["top"]
+            card["reads"] = tokens.texts[top[0]["t"][top[0]["o"]]] if top else None
+            number[unit] = len(cards)
+            cards.append(card)
+        card_of[i] = number[unit]
+    return cards, card_of, tokens
 
 
 def _cantor(x: int, y: int) -> int:

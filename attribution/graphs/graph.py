@@ -183,17 +183,27 @@ class AttributionGraph:
 
         return write_json(self, Path(path), tokenizer=tokenizer, scan=scan)
 
-    def to_html(self, path: str | Path | None = None, *, tokenizer: Any = None, top_tokens: Any = None) -> str:
+    def to_html(
+        self, path: str | Path | None = None, *, tokenizer: Any = None, top_tokens: Any = None, features: Any = None
+    ) -> str:
         """A self-contained HTML viewer: nodes by layer and position, edges by weight and sign, details on click.
+
+        The drawing fits the window's width (from 60% to 150% of its size, scrolled beyond), so every node can be
+        seen and clicked at any window width.
 
         Args:
             path: where to write the page (also returned).
             tokenizer: a tokenizer (its ``decode``) or a function from a token id to text.
             top_tokens: optional ``{node number: [text, ...]}``, shown for a clicked node (its top-activating tokens).
+            features: optional :class:`~attribution.features.UnitReport` (of
+                :func:`~attribution.features.feature_statistics` on the same model): a neuron or feature node whose
+                unit it has (``report.find(kind, layer, index)``) is labelled by the token of its top example and,
+                when clicked, shows its top examples (shaded, the example's token outlined), density, max and logit
+                effects. The report's tokenizer decodes them (else ``tokenizer``).
         """
         from .export import html_page
 
-        page = html_page(self, tokenizer=tokenizer, top_tokens=top_tokens)
+        page = html_page(self, tokenizer=tokenizer, top_tokens=top_tokens, features=features)
         if path is not None:
             Path(path).write_text(page, encoding="utf-8")
         return page
