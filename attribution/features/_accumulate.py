@@ -221,23 +221,26 @@ class Bands:
         )
 
     def add(self, batch: Batch, *, seed: int, left: int) -> None:
-        """Take in one batch."""
-        acts = batch.acts
-        units = acts.shape[0]
+        """Take in one batch: its positive values only, each in its band's group, the smallest keys first."""
+        unit, row, position = (batch.included[None] & (batch.acts > 0)).nonzero(as_tuple=True)
+        value = batch.acts[unit, row, position]
+        document = batch.documents[row]
+        key = _math.keys_at(seed + 1, unit, document, position)
         bands = self.edges["interval"].shape[1] - 1
-        positive = batch.included[None] & (acts > 0)
-        keys = _math.keys(seed + 1, torch.arange(units), batch.documents, torch.arange(acts.shape[2]))
-        flat = acts.reshape(units, -1).double()
         for kind in ("interval", "rank"):
-            inner = self.edges[kind][:, 1:-1].contiguous()
-            band = torch.searchsorted(inner, flat).reshape(acts.shape)  # edges below the value: its band
             slots = getattr(self, kind)
-            for j in range(bands):
-                group = torch.arange(units) * bands + j
-                new = sample_candidates(batch, Slots(*(t[group] for t in slots.state().values())),
-                                        positive & (band == j), keys, group)  # fmt: skip
-                slots = _examples.merge(slots, new, "key", batch_context(batch, new, left, slots))
-            setattr(self, kind, slots)
+            inner = self.edges[kind][:, 1:-1]
+            band = torch.cat([(v.double()[:, None] > inner[u]).sum(1) for v, u in
+                              zip(value.split(2**18), unit.split(2**18), strict=True)])  # fmt: skip
+            group = unit * bands + band
+            open_ = key <= torch.where(slots.full, slots.key[:, -1], 2**62)[group]  # could still enter its group
+            g, k, d, p = group[open_], key[open_], document[open_], position[open_]
+            order = _math.lexsort(p, d, k, g)
+            order = order[_math.group_rank(g[order]) < slots.value.shape[1]]
+            picked = open_.nonzero().flatten()[order]
+            new = Candidates(group=group[picked], unit=unit[picked], row=row[picked], value=value[picked],
+                             key=key[picked], document=document[picked], position=position[picked])  # fmt: skip
+            setattr(self, kind, _examples.merge(slots, new, "key", batch_context(batch, new, left, slots)))
 
     def merge(self, other: Bands) -> Bands:
         """Two disjoint parts of one second pass as one."""

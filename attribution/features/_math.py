@@ -104,15 +104,29 @@ def keys(seed: int, units: torch.Tensor, documents: torch.Tensor, positions: tor
         ...     torch.tensor([2]), torch.tensor([3, 4]))))
         (torch.Size([1, 1, 2]), True, True)
     """
-
-    def mix(h: torch.Tensor, part: torch.Tensor, multiplier: int) -> torch.Tensor:
-        h = ((h ^ (part % _P)) * multiplier + 12_345) % _P
-        return ((h ^ (h >> 13)) * 40_692) % _P
-
     start = torch.tensor((seed * 2_654_435 + 97) % _P)
-    place = mix(mix(start, documents[:, None], 69_621), positions[None, :], 16_807)  # (documents, positions)
-    unit = mix(start, units, 48_271)  # (units,)
-    return mix(place[None], unit[:, None, None], 48_271)
+    place = _mix(_mix(start, documents[:, None], 69_621), positions[None, :], 16_807)  # (documents, positions)
+    unit = _mix(start, units, 48_271)  # (units,)
+    return _mix(place[None], unit[:, None, None], 48_271)
+
+
+def keys_at(seed: int, unit: torch.Tensor, document: torch.Tensor, position: torch.Tensor) -> torch.Tensor:
+    """The keys of :func:`keys` for entries given one by one (tensors of one shape).
+
+    Example:
+        >>> grid = keys(3, torch.tensor([0, 4]), torch.tensor([7]), torch.arange(5))
+        >>> int(keys_at(3, torch.tensor([4]), torch.tensor([7]), torch.tensor([2]))[0]) == int(grid[1, 0, 2])
+        True
+    """
+    start = torch.tensor((seed * 2_654_435 + 97) % _P)
+    place = _mix(_mix(start, document, 69_621), position, 16_807)
+    return _mix(place, _mix(start, unit, 48_271), 48_271)
+
+
+def _mix(h: torch.Tensor, part: torch.Tensor, multiplier: int) -> torch.Tensor:
+    """One round of the keys' hash (every product stays below 2^62)."""
+    h = ((h ^ (part % _P)) * multiplier + 12_345) % _P
+    return ((h ^ (h >> 13)) * 40_692) % _P
 
 
 # -- moments --------------------------------------------------------------------------------------------------------
