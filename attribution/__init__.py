@@ -40,7 +40,7 @@ from .dictionaries import (
     steer,
     train_dictionary,
 )
-from .features import Directions, Features, Neurons, UnitReport, explain, feature_statistics, score
+from .features import Directions, Features, Neurons, UnitReport, dashboard, explain, feature_statistics, score
 from .generation import GenerationAttribution, attribute_generation
 from .gradients import (
     Deconvolution,
@@ -127,6 +127,7 @@ __all__ = [
     "attribution_graph",
     "attribution_patching",
     "class_means",
+    "dashboard",
     "diff_means",
     "direct_logit_attribution",
     "edge_attribution",

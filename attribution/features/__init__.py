@@ -8,6 +8,7 @@ parts merge to the one-process :class:`UnitReport` bit for bit. Units are spelle
 :class:`Features` or :class:`Directions`.
 """
 
+from .dashboard import dashboard
 from .explanations import Explanation, detection_metrics, explain, score
 from .plot import plot_unit
 from .report import Example, UnitReport
@@ -21,6 +22,7 @@ __all__ = [
     "Features",
     "Neurons",
     "UnitReport",
+    "dashboard",
     "detection_metrics",
     "explain",
     "feature_statistics",
