@@ -7,12 +7,12 @@ from typing import Literal, overload
 import torch
 from torch import nn
 
+from .._results import AttributionsWithDelta
 from .._run import eager_module
 from ..targets import Target, check_target
 from . import _math
 from ._baselines import Baseline, baseline_like, check_inputs, reference_set
 from ._passes import checked, deeplift_pass, repeated
-from .result import AttributionsWithDelta
 
 
 def _model(model: nn.Module) -> nn.Module:
@@ -50,8 +50,8 @@ class DeepLift:
         >>> import torch
         >>> from attribution import DeepLift
         >>> model = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.ReLU(), torch.nn.Linear(4, 2))
-        >>> result = DeepLift(model)(torch.randn(5, 3), target=1, return_delta=True)
-        >>> result.attributions.shape, bool(result.delta.abs().max() < 1e-5)
+        >>> attributions, delta = DeepLift(model)(torch.randn(5, 3), target=1, return_delta=True)
+        >>> attributions.shape, bool(delta.abs().max() < 1e-5)
         (torch.Size([5, 3]), True)
     """
 
@@ -86,8 +86,8 @@ class DeepLift:
 
         Returns:
             ``(batch, ...)`` attributions, or with ``return_delta=True`` an
-            :class:`~attribution.reference.AttributionsWithDelta` (``.attributions``, ``.delta`` of shape
-            ``(batch,)``).
+            :class:`~attribution.reference.AttributionsWithDelta` pair, ``attributions, delta = ...`` (also
+            ``.attributions``, ``.delta``; ``delta`` of shape ``(batch,)``).
         """
         x = check_inputs(inputs, "DeepLift")
         check_target(target, x.shape[0])

@@ -8,12 +8,12 @@ from typing import Literal, overload
 import torch
 from torch import nn
 
+from .._results import AttributionsWithDelta
 from ..targets import Target, check_target, target_scores
 from . import _math
 from ._baselines import Baseline, check_inputs, reference_set
 from ._passes import checked, gradient_pass, halves, outputs, repeated, resolved
 from .deeplift import _model
-from .result import AttributionsWithDelta
 
 
 @dataclass(frozen=True)
