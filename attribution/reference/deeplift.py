@@ -8,17 +8,10 @@ import torch
 from torch import nn
 
 from .._results import AttributionsWithDelta
-from .._run import eager_module
 from ..targets import Target, check_target
 from . import _math
-from ._baselines import Baseline, baseline_like, check_inputs, reference_set
+from ._baselines import Baseline, baseline_like, check_inputs, check_model, reference_set
 from ._passes import checked, deeplift_pass, repeated
-
-
-def _model(model: nn.Module) -> nn.Module:
-    if not isinstance(model, nn.Module):
-        raise TypeError(f"`model` must be a torch.nn.Module; got {type(model).__name__}")
-    return eager_module(model)  # torch.compile(model): its module, run eagerly (hooks need that)
 
 
 class DeepLift:
@@ -58,7 +51,7 @@ class DeepLift:
     def __init__(
         self, model: nn.Module, baseline: Baseline = 0.0, multiply_by_inputs: bool = True, *, eps: float = _math.EPS
     ) -> None:
-        self.model = _model(model)
+        self.model = check_model(model)
         self.baseline = baseline
         self.multiply_by_inputs = multiply_by_inputs
         self.eps = float(eps)
