@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import re
 import subprocess
 import sys
 import typing
@@ -114,3 +115,15 @@ def test_a_family_shares_its_helpers_through_its_private_modules():
         if found:
             offenders[path.relative_to(ROOT / "attribution").as_posix()] = found
     assert offenders == {}
+
+
+def test_the_docs_name_no_folder_of_the_machine_they_were_made_on():
+    """Example outputs pasted into the docs show the documented command's paths (``out/``), not a temporary folder."""
+    found = []
+    for path in [*(ROOT / "docs").rglob("*.rst"), *(ROOT / "docs").rglob("*.inc"), ROOT / "README.md"]:
+        if "_build" in path.parts:
+            continue
+        for number, line in enumerate(path.read_text().splitlines(), 1):
+            if re.search(r"(^|[\s(`'\"=])/(tmp|home|root|work|Users)/", line):
+                found.append(f"{path.relative_to(ROOT)}:{number}: {line.strip()}")
+    assert found == []
