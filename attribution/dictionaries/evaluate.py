@@ -102,7 +102,8 @@ def evaluate_dictionary(
 
     Returns:
         The :class:`DictionaryReport`. A warning says when its ``loss_recovered`` is ill-conditioned
-        (:attr:`DictionaryReport.ill_conditioned`: zero-ablation moves the loss by less than 5%).
+        (:attr:`~attribution.dictionaries.DictionaryReport.ill_conditioned`: zero-ablation moves the loss by less
+        than 5%).
 
     Example:
         >>> from attribution import SAE
