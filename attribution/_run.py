@@ -72,13 +72,14 @@ def kept_state(model: nn.Module) -> Iterator[None]:
     """Run the body in eval mode, outside inference mode, compiled code eagerly; restore all state afterwards.
 
     Restored, also when the body raises: every module's flag, the grad mode, each parameter's ``requires_grad`` and
-    ``.grad``. Dropout would make an attribution random and batch norm in train mode would update its running
-    statistics: attribution calls therefore run in eval mode, whatever the model's mode.
+    ``.grad``, and a parameter that the body removed (set to ``None``) is put back. Dropout would make an attribution
+    random and batch norm in train mode would update its running statistics: attribution calls therefore run in eval
+    mode, whatever the model's mode.
     """
     modules = list(model.modules())
     flags = [m.training for m in modules]
     # by (module, name), not by object: accelerate swaps an offloaded module's parameter objects at each forward
-    params = [(m, n, p.requires_grad, p.grad) for m in modules for n, p in m.named_parameters(recurse=False)]
+    params = [(m, n, p, p.requires_grad, p.grad) for m in modules for n, p in m.named_parameters(recurse=False)]
     grad_mode = torch.is_grad_enabled()
     try:
         with ExitStack() as stack:
@@ -91,13 +92,25 @@ def kept_state(model: nn.Module) -> Iterator[None]:
         for module, flag in zip(modules, flags, strict=True):
             if module.training != flag:
                 module.training = flag
-        for module, name, requires_grad, grad in params:
-            p = getattr(module, name)
-            if p.requires_grad != requires_grad:
-                p.requires_grad_(requires_grad)
-            if p.grad is not grad:
-                p.grad = grad
+        _restore_parameters(params)
         torch.set_grad_enabled(grad_mode)
+
+
+def _restore_parameters(saved: list[tuple[nn.Module, str, nn.Parameter, bool, torch.Tensor | None]]) -> None:
+    """Give each parameter slot its ``requires_grad`` and ``.grad`` back; a slot emptied meanwhile gets its parameter.
+
+    The slot is read in ``module._parameters``, where :meth:`~torch.nn.Module.named_parameters` found it, not with
+    ``getattr``: zennit's batch-norm canonizers, once removed, leave a layer's ``bias`` attribute ``None`` in the
+    instance ``__dict__`` over a registered parameter, and a hook may set a parameter to ``None``.
+    """
+    for module, name, param, requires_grad, grad in saved:
+        p = module._parameters.get(name)
+        if p is None:  # removed (set to None, or deleted) during the call: the model is left as it was found
+            module._parameters[name] = p = param
+        if p.requires_grad != requires_grad:
+            p.requires_grad_(requires_grad)
+        if p.grad is not grad:
+            p.grad = grad
 
 
 # -- errors, worded once ----------------------------------------------------------------------------------------

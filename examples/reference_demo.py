@@ -96,9 +96,9 @@ def main(out: Path) -> None:
         classes = model(images).argmax(dim=1).tolist()
     categories = imagenet_categories()
     labels = [f"{n}: {categories[c]}" for n, c in zip(names, classes, strict=True)]
-    deeplift = DeepLift(model, BLACK)(images, classes, return_delta=True)
-    gain = deeplift.attributions.flatten(1).sum(1) - deeplift.delta
-    maps = {"DeepLift (black)": pixels(deeplift.attributions)}
+    attributions, delta = DeepLift(model, BLACK)(images, classes, return_delta=True)
+    gain = attributions.flatten(1).sum(1) - delta
+    maps = {"DeepLift (black)": pixels(attributions)}
     shap = [DeepLiftShap(model, references(img))(img[None], [c]) for img, c in zip(images, classes, strict=True)]
     maps["DeepLiftShap (4 refs)"] = pixels(torch.cat(shap))
     grad_shap = [
@@ -108,7 +108,7 @@ def main(out: Path) -> None:
     maps["GradientShap (4 refs, 8)"] = pixels(torch.cat(grad_shap))
     side_by_side(images, maps, labels, out / "reference_side_by_side.png")
     took = time.perf_counter() - start
-    ours = ", ".join(f"{v:.1e}" for v in (deeplift.delta.abs() / gain.abs()).tolist())
+    ours = ", ".join(f"{v:.1e}" for v in (delta.abs() / gain.abs()).tolist())
     print(f"EfficientNet-Lite0, DeepLift from black, |delta| / |f(x) - f(black)| per photo ({', '.join(names)}):")
     print(f"  hookscope: {ours}")
     print(f"  captum:    {captum_miss(model, images, classes, gain)}")

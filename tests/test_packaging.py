@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import re
 import subprocess
 import sys
 import typing
@@ -90,3 +91,39 @@ def test_families_import_no_private_name_of_another_family():
         if found:
             offenders[key] = found
     assert offenders == {}
+
+
+def _private_names_from_public_siblings(path: Path) -> list[str]:
+    """``from .<public module> import _x`` in a file of the same folder: a private name taken from a public module."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if not isinstance(node, ast.ImportFrom) or node.level != 1 or not node.module:
+            continue
+        if node.module.split(".")[0].startswith("_"):
+            continue  # a private module of the family: where shared helpers belong
+        names = [a.name for a in node.names if a.name.startswith("_") and not a.name.startswith("__")]
+        if names:
+            found.append(f"from .{node.module} import {', '.join(names)}")
+    return found
+
+
+def test_a_family_shares_its_helpers_through_its_private_modules():
+    """Inside a family, a helper two files need lives in a ``_module.py``, not as a private name of a public file."""
+    offenders = {}
+    for path in (ROOT / "attribution").rglob("*.py"):
+        found = _private_names_from_public_siblings(path)
+        if found:
+            offenders[path.relative_to(ROOT / "attribution").as_posix()] = found
+    assert offenders == {}
+
+
+def test_the_docs_name_no_folder_of_the_machine_they_were_made_on():
+    """Example outputs pasted into the docs show the documented command's paths (``out/``), not a temporary folder."""
+    found = []
+    for path in [*(ROOT / "docs").rglob("*.rst"), *(ROOT / "docs").rglob("*.inc"), ROOT / "README.md"]:
+        if "_build" in path.parts:
+            continue
+        for number, line in enumerate(path.read_text().splitlines(), 1):
+            if re.search(r"(^|[\s(`'\"=])/(tmp|home|root|work|Users)/", line):
+                found.append(f"{path.relative_to(ROOT)}:{number}: {line.strip()}")
+    assert found == []

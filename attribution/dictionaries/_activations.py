@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -74,21 +74,66 @@ def record_shards(
     )
 
 
-def _items(data: Iterable[Any]) -> torch.Tensor:
-    """Batches of model inputs (token ids ``(batch, tokens)``, or any tensors of one item shape) as one tensor."""
-    batches = [data] if isinstance(data, torch.Tensor) else list(data)
+def _items(data: Iterable[Any]) -> torch.Tensor | list[dict[str, torch.Tensor]]:
+    """Batches of model inputs as the store's items: one tensor, or one dict per item for dict batches.
+
+    Token ids ``(batch, tokens)`` (or any tensors of one item shape) are concatenated; dict batches (HuggingFace's
+    ``[{"input_ids": ..., "attention_mask": ...}, ...]``) are cut into one dict per item, every entry kept.
+    """
+    batches: list[Any] = [data] if isinstance(data, (torch.Tensor, Mapping)) else list(data)
+    if batches and all(isinstance(b, Mapping) for b in batches):
+        return _dict_items(batches)
     if not batches or not all(isinstance(b, torch.Tensor) and b.dim() >= 2 for b in batches):
         raise TypeError(
-            "`data` must be batches of model inputs (token ids (batch, tokens)) as a tensor or an iterable of "
-            f"tensors, or a DataLoader; got {type(data).__name__}"
+            "`data` must be batches of model inputs: token ids (batch, tokens) as a tensor or an iterable of "
+            "tensors, an iterable of dicts with 'input_ids' (batch, tokens), or a DataLoader; got "
+            f"{_described(data, batches)}"
         )
-    shapes = sorted({tuple(b.shape[1:]) for b in batches})
+    _one_item_shape([tuple(b.shape[1:]) for b in batches])
+    return torch.cat(batches)
+
+
+def _dict_items(batches: list[Mapping[str, Any]]) -> list[dict[str, torch.Tensor]]:
+    """Dict batches cut into one dict per item; each batch needs ``input_ids`` ``(batch, tokens)``."""
+    items: list[dict[str, torch.Tensor]] = []
+    for i, batch in enumerate(batches):
+        ids = batch.get("input_ids")
+        if not isinstance(ids, torch.Tensor) or ids.dim() != 2:
+            got = tuple(ids.shape) if isinstance(ids, torch.Tensor) else type(ids).__name__
+            raise TypeError(
+                f"`data` batch {i} is a dict whose 'input_ids' is {got}; each dict batch needs 'input_ids' of shape "
+                f"(batch, tokens) (its keys: {sorted(batch)})"
+            )
+        if sorted(batch) != sorted(batches[0]):
+            raise ValueError(f"`data` batch {i} has keys {sorted(batch)}, batch 0 {sorted(batches[0])}: give every "
+                             "batch the same model inputs")  # fmt: skip
+        rows = len(ids)
+        wrong = {
+            k: tuple(v.shape) if isinstance(v, torch.Tensor) else type(v).__name__
+            for k, v in batch.items()
+            if not isinstance(v, torch.Tensor) or v.shape[:1] != (rows,)
+        }
+        if wrong:
+            raise ValueError(f"`data` batch {i}: {wrong} do not have the {rows} rows of 'input_ids'")
+        items += [{k: v[r] for k, v in batch.items()} for r in range(rows)]
+    _one_item_shape(sorted({tuple(item["input_ids"].shape) for item in items}))
+    return items
+
+
+def _one_item_shape(shapes: list[tuple[int, ...]]) -> None:
+    """Refuse items of several shapes: the activation store keeps one shape per item."""
+    shapes = sorted(set(shapes))
     if len(shapes) > 1:
         raise ValueError(
             f"`data` has batches of items of shapes {shapes}; the activation store keeps one shape per item: cut the "
             "text into sequences of one length"
         )
-    return torch.cat(batches)
+
+
+def _described(data: Any, batches: list[Any]) -> str:
+    """What ``data`` holds, for an error: its type and its first batch's."""
+    first = f" of {type(batches[0]).__name__}" if batches else " (empty)"
+    return f"{type(data).__name__}{first}"
 
 
 class Rows:

@@ -11,7 +11,7 @@ from torch import nn
 
 from .._inputs import call
 from .._progress import progress as progress_bar
-from .._run import eager_module, kept_state
+from .._run import eager_module, kept_state, warn
 from ..patching import patch, record
 from . import _math
 from .modules import Dictionary, Transcoder, reconstruct
@@ -45,12 +45,27 @@ class DictionaryReport:
     kl: float
     tokens: int
 
+    @property
+    def ill_conditioned(self) -> bool:
+        """Whether zero-ablation moves the loss by less than ``ILL_CONDITIONED`` (5%) of ``loss_clean``, or lowers it.
+
+        ``loss_recovered`` divides by ``loss_zero - loss_clean``; when that gap is small, a small change of the
+        spliced loss swings the ratio far outside ``[0, 1]`` (and a negative gap flips its sign), so the ratio says
+        little: read ``loss_spliced - loss_clean`` and ``kl`` instead.
+        """
+        return self.loss_zero - self.loss_clean < ILL_CONDITIONED * abs(self.loss_clean)
+
     def __str__(self) -> str:
+        note = ", ill-conditioned: zero-ablation barely changes the loss" if self.ill_conditioned else ""
         return (
             f"FVU {self.fvu:.3f}, L0 {self.l0:.1f}, dead {100 * self.dead_fraction:.1f}%, loss clean "
             f"{self.loss_clean:.3f} / spliced {self.loss_spliced:.3f} / zero {self.loss_zero:.3f} (recovered "
-            f"{100 * self.loss_recovered:.1f}%), KL {self.kl:.4f} nats over {self.tokens} tokens"
+            f"{100 * self.loss_recovered:.1f}%{note}), KL {self.kl:.4f} nats over {self.tokens} tokens"
         )
+
+
+ILL_CONDITIONED = 0.05
+"""``loss_recovered`` is flagged when ``loss_zero - loss_clean`` is below this fraction of ``loss_clean``."""
 
 
 class _Sums:
@@ -86,7 +101,9 @@ def evaluate_dictionary(
         progress: show a progress bar.
 
     Returns:
-        The :class:`DictionaryReport`.
+        The :class:`DictionaryReport`. A warning says when its ``loss_recovered`` is ill-conditioned
+        (:attr:`~attribution.dictionaries.DictionaryReport.ill_conditioned`: zero-ablation moves the loss by less
+        than 5%).
 
     Example:
         >>> from attribution import SAE
@@ -105,7 +122,7 @@ def evaluate_dictionary(
         raise ValueError("`data` gave no batch to evaluate")
     clean, spliced, zero = (total / sums.predicted for total in sums.losses)
     assert isinstance(sums.sum_y, torch.Tensor)
-    return DictionaryReport(
+    report = DictionaryReport(
         fvu=_math.fvu(sums.sq_error, sums.sum_y, sums.sum_sq, sums.rows),
         l0=sums.active / sums.rows,
         dead_fraction=float((~sums.fired).double().mean()),
@@ -116,6 +133,14 @@ def evaluate_dictionary(
         kl=sums.kl / sums.positions,
         tokens=sums.rows,
     )
+    if report.ill_conditioned:
+        warn(
+            f"loss recovered ({100 * report.loss_recovered:.1f}%) is ill-conditioned at `site` {site!r}: zero-ablating "
+            f"it moves the loss from {clean:.4f} to {zero:.4f} nats ({100 * (zero - clean) / abs(clean):+.2f}%, "
+            f"expected at least +{100 * ILL_CONDITIONED:.0f}%), so the ratio's denominator is too small to mean much. "
+            "Read loss_spliced - loss_clean and kl instead, or evaluate at a site whose ablation matters"
+        )
+    return report
 
 
 def _one_batch(model: nn.Module, batch: Any, site: str, dictionary: Dictionary, sums: _Sums) -> None:

@@ -79,11 +79,14 @@ def load_dictionary(path: str | Path) -> Dictionary:
     ``AutoEncoderTopK``, ``BatchTopKSAE``, ``JumpReluAutoEncoder``) and circuit-tracer's per-layer transcoder files
     (``layer_<i>.safetensors``); none of those packages is imported. The weights keep the file's dtype.
 
-    Two conventions are mapped exactly: a JumpReLU stored as ``relu(pre) * (pre > t)`` (SAELens,
+    Three conventions are mapped exactly: a JumpReLU stored as ``relu(pre) * (pre > t)`` (SAELens,
     dictionary_learning) becomes ``pre * (pre > max(t, 0))``, the same function; an SAE that does not subtract
-    ``b_dec`` before encoding gets ``subtract_b_dec=False``. circuit-tracer's ``TopK`` keeps the ``k`` largest
-    pre-activations even when negative; ours keeps the ``k`` largest of ``relu(pre)``: the two agree wherever a
-    vector has ``k`` positive pre-activations.
+    ``b_dec`` before encoding gets ``subtract_b_dec=False``; a SAELens TopK or BatchTopK folder with
+    ``rescale_acts_by_decoder_norm`` (as SAELens's training runner saves them) gets the decoder norms ``n`` folded in,
+    ``W_enc * n``, ``b_enc * n``, ``W_dec / n`` per feature, the same features and reconstruction. Configurations
+    from before SAELens 6 are read as SAELens migrates them (``normalize_activations: false`` is ``"none"``).
+    circuit-tracer's ``TopK`` keeps the ``k`` largest pre-activations even when negative; ours keeps the ``k`` largest
+    of ``relu(pre)``: the two agree wherever a vector has ``k`` positive pre-activations.
 
     Args:
         path: a folder (or circuit-tracer's ``.safetensors`` file).
@@ -163,17 +166,11 @@ def _saelens(path: Path) -> Dictionary:
     arch = cfg.get("architecture") or {"relu": "standard", "topk": "topk"}.get(
         str(cfg.get("activation_fn_str", "relu"))
     )
-    norm = cfg.get("normalize_activations", "none")
-    if norm not in ("none", None):
+    norm = _saelens_normalization(cfg.get("normalize_activations", "none"))
+    if norm != "none":
         raise ValueError(
             f"{path / SAELENS[0]}: normalize_activations={norm!r} rescales the input at run time, which this library "
             "does not do; fold the scaling into the weights first (SAELens: sae.fold_activation_norm_scaling_factor)"
-        )
-    if cfg.get("rescale_acts_by_decoder_norm"):
-        raise ValueError(
-            f"{path / SAELENS[0]}: rescale_acts_by_decoder_norm=True; fold the decoder norms into the encoder first "
-            "(SAELens: sae.fold_W_dec_norm(), then sae.cfg.rescale_acts_by_decoder_norm = False, which SAELens 6 "
-            "leaves set) and save again"
         )
     k = int(cfg.get("k") or (cfg.get("activation_fn_kwargs") or {}).get("k") or 1)
     subtract = bool(cfg.get("apply_b_dec_to_input", True))
@@ -183,6 +180,8 @@ def _saelens(path: Path) -> Dictionary:
         weights["threshold"] = weights.pop("topk_threshold").reshape(())
         arch = "batchtopk"
     activation = {"standard": "relu", "topk": "topk", "jumprelu": "jumprelu", "batchtopk": "batchtopk"}.get(str(arch))
+    if cfg.get("rescale_acts_by_decoder_norm") and activation in ("topk", "batchtopk"):
+        weights = _folded_decoder_norms(weights, file)  # SAELens's other architectures drop the flag
     if arch in ("transcoder", "skip_transcoder", "jumprelu_transcoder"):
         tc = Transcoder(
             cfg["d_in"], cfg["d_out"], cfg["d_sae"], activation="jumprelu" if "jumprelu" in arch else "relu",
@@ -262,6 +261,35 @@ def _circuit_tracer(file: Path) -> Dictionary:
 
 
 # -- helpers ----------------------------------------------------------------------------------------------------------
+def _saelens_normalization(given: object) -> object:
+    """``normalize_activations`` as SAELens reads it: before SAELens 6 a bool (``False`` is ``"none"``), or null."""
+    if given is None or given is False:
+        return "none"
+    return "expected_average_only_in" if given is True else given
+
+
+def _folded_decoder_norms(weights: Weights, file: Path) -> Weights:
+    """SAELens's ``rescale_acts_by_decoder_norm`` folded into the weights, exactly (the same features and output).
+
+    SAELens encodes ``act((x W_enc + b_enc) * n)`` and decodes ``(f / n) W_dec + b_dec``, ``n`` the norms of the
+    decoder's rows; with ``W_enc * n``, ``b_enc * n`` and ``W_dec / n`` (per feature) the plain encode and decode
+    compute the same. The fold is done in float64 and stored in the file's dtype. A row of norm 0 stays 0 (its
+    feature's pre-activation is 0 either way; SAELens's decode would divide 0 by 0).
+    """
+    w_dec = _take(weights, "W_dec", file)
+    n = w_dec.double().norm(dim=-1)
+    if n.shape != _take(weights, "b_enc", file).shape:
+        raise ValueError(
+            f"{file}: W_dec has shape {tuple(w_dec.shape)} and b_enc {tuple(weights['b_enc'].shape)}; SAELens's "
+            "decoder is (d_sae, d_in), one row per feature: the file is of another kind or damaged"
+        )
+    folded = dict(weights)
+    folded["W_enc"] = (_take(weights, "W_enc", file).double() * n).to(w_dec.dtype)
+    folded["b_enc"] = (weights["b_enc"].double() * n).to(weights["b_enc"].dtype)
+    folded["W_dec"] = (w_dec.double() / n.where(n > 0, 1.0)[:, None]).to(w_dec.dtype)
+    return folded
+
+
 def _fill(dictionary: Dictionary, weights: Mapping[str, torch.Tensor], file: Path) -> Dictionary:
     """Copy ``weights`` into ``dictionary`` (every entry of its state dict, shapes checked), in the file's dtype."""
     state = dictionary.state_dict()

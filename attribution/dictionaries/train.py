@@ -108,10 +108,11 @@ def train_dictionary(
 
     Args:
         model: the model whose ``site`` is recorded; ``None`` to train on given activations.
-        data: token batches ``(batch, tokens)`` (a tensor, or an iterable of tensors of one length), or a
-            ``DataLoader`` of model inputs; with ``model=None``: activations ``(rows, d_in)`` (an SAE) or
-            ``(rows, d_in + d_out)`` (a transcoder), or a folder of recorded shards (``out/activations`` of a
-            previous run).
+        data: token batches ``(batch, tokens)`` (a tensor, or an iterable of tensors of one length), dict batches
+            of model inputs (``[{"input_ids": ..., "attention_mask": ...}, ...]``, the model called with each
+            item's entries as keywords), or a ``DataLoader`` of model inputs; with ``model=None``: activations
+            ``(rows, d_in)`` (an SAE) or ``(rows, d_in + d_out)`` (a transcoder), or a folder of recorded shards
+            (``out/activations`` of a previous run).
         site: the module whose output an SAE reconstructs (a transcoder: whose input it reads and output it
             predicts); ``None`` with ``model=None``.
         dictionary: an :class:`~attribution.SAE` or :class:`~attribution.Transcoder`, on the device to train on

@@ -8,6 +8,7 @@ from typing import Literal, overload
 import torch
 from torch import nn
 
+from .._results import AttributionsWithDelta
 from ..targets import Target, check_target, target_scores
 from ._base import GradientMethod
 from ._quadrature import check_rule, nodes_and_weights
@@ -78,12 +79,16 @@ class IntegratedGradients(GradientMethod):
     @overload
     def __call__(
         self, inputs: torch.Tensor, target: Target = ..., *, return_delta: Literal[True]
-    ) -> tuple[torch.Tensor, torch.Tensor]: ...
+    ) -> AttributionsWithDelta: ...
 
     def __call__(
         self, inputs: torch.Tensor, target: Target = None, *, return_delta: bool = False
-    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
-        """The attributions, shaped like ``inputs`` (or the layer's output), and with ``return_delta`` the deltas."""
+    ) -> torch.Tensor | AttributionsWithDelta:
+        """The attributions, shaped like ``inputs`` (or the layer's output).
+
+        With ``return_delta=True``, an :class:`~attribution.reference.AttributionsWithDelta` pair instead:
+        ``attributions, delta = ig(x, return_delta=True)``, ``delta`` of shape ``(batch,)``.
+        """
         x = check_inputs(inputs, "IntegratedGradients", self.model, layer=self.layer)
         batch = x.shape[0]
         check_target(target, batch)
@@ -104,7 +109,7 @@ class IntegratedGradients(GradientMethod):
         assert ends is not None
         gain = target_scores(ends[0], target, batch) - target_scores(ends[1], target, batch)
         per_item = attributions.reshape(batch, -1).sum(1)
-        return attributions, per_item - gain.to(attributions.dtype)
+        return AttributionsWithDelta(attributions, per_item - gain.to(attributions.dtype))
 
     def _integral(self, x: torch.Tensor, start: torch.Tensor, end: torch.Tensor, target: Target) -> torch.Tensor:
         """``sum_k w_k dS/ds (start + a_k (end - start))``, in chunks of steps."""

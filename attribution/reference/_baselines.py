@@ -1,15 +1,24 @@
-"""The references of the reference-based methods: one baseline per item, or a set of baselines, checked."""
+"""What the reference-based methods take, checked: the model, the inputs, and one baseline per item or a set."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 
 import torch
+from torch import nn
 
 from .._inputs import refuse_integer_images
+from .._run import eager_module
 
 Baseline = float | int | torch.Tensor | Callable[[torch.Tensor], torch.Tensor]
 """A ``baseline=``/``baselines=``: a number, a tensor, or a callable ``inputs -> tensor``."""
+
+
+def check_model(model: object) -> nn.Module:
+    """The module the methods hook: ``model`` itself, or the module behind ``torch.compile(model)`` (run eagerly)."""
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"`model` must be a torch.nn.Module; got {type(model).__name__}")
+    return eager_module(model)
 
 
 def check_inputs(inputs: object, method: str) -> torch.Tensor:

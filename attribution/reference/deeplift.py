@@ -7,18 +7,11 @@ from typing import Literal, overload
 import torch
 from torch import nn
 
-from .._run import eager_module
+from .._results import AttributionsWithDelta
 from ..targets import Target, check_target
 from . import _math
-from ._baselines import Baseline, baseline_like, check_inputs, reference_set
+from ._baselines import Baseline, baseline_like, check_inputs, check_model, reference_set
 from ._passes import checked, deeplift_pass, repeated
-from .result import AttributionsWithDelta
-
-
-def _model(model: nn.Module) -> nn.Module:
-    if not isinstance(model, nn.Module):
-        raise TypeError(f"`model` must be a torch.nn.Module; got {type(model).__name__}")
-    return eager_module(model)  # torch.compile(model): its module, run eagerly (hooks need that)
 
 
 class DeepLift:
@@ -50,15 +43,15 @@ class DeepLift:
         >>> import torch
         >>> from attribution import DeepLift
         >>> model = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.ReLU(), torch.nn.Linear(4, 2))
-        >>> result = DeepLift(model)(torch.randn(5, 3), target=1, return_delta=True)
-        >>> result.attributions.shape, bool(result.delta.abs().max() < 1e-5)
+        >>> attributions, delta = DeepLift(model)(torch.randn(5, 3), target=1, return_delta=True)
+        >>> attributions.shape, bool(delta.abs().max() < 1e-5)
         (torch.Size([5, 3]), True)
     """
 
     def __init__(
         self, model: nn.Module, baseline: Baseline = 0.0, multiply_by_inputs: bool = True, *, eps: float = _math.EPS
     ) -> None:
-        self.model = _model(model)
+        self.model = check_model(model)
         self.baseline = baseline
         self.multiply_by_inputs = multiply_by_inputs
         self.eps = float(eps)
@@ -86,8 +79,8 @@ class DeepLift:
 
         Returns:
             ``(batch, ...)`` attributions, or with ``return_delta=True`` an
-            :class:`~attribution.reference.AttributionsWithDelta` (``.attributions``, ``.delta`` of shape
-            ``(batch,)``).
+            :class:`~attribution.reference.AttributionsWithDelta` pair, ``attributions, delta = ...`` (also
+            ``.attributions``, ``.delta``; ``delta`` of shape ``(batch,)``).
         """
         x = check_inputs(inputs, "DeepLift")
         check_target(target, x.shape[0])

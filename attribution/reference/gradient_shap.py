@@ -8,12 +8,11 @@ from typing import Literal, overload
 import torch
 from torch import nn
 
+from .._results import AttributionsWithDelta
 from ..targets import Target, check_target, target_scores
 from . import _math
-from ._baselines import Baseline, check_inputs, reference_set
+from ._baselines import Baseline, check_inputs, check_model, reference_set
 from ._passes import checked, gradient_pass, halves, outputs, repeated, resolved
-from .deeplift import _model
-from .result import AttributionsWithDelta
 
 
 @dataclass(frozen=True)
@@ -87,7 +86,7 @@ class GradientShap:
         seed: int = 0,
         multiply_by_inputs: bool = True,
     ) -> None:
-        self.model = _model(model)
+        self.model = check_model(model)
         if isinstance(samples, bool) or not isinstance(samples, int) or samples < 1:
             raise ValueError(f"`samples` must be an integer >= 1; got {samples!r}")
         if not stdevs >= 0:

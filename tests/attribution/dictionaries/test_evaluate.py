@@ -100,3 +100,43 @@ def test_the_report_equals_the_hand_computation(model, kind):
         )
     assert 0.5 <= report.dead_fraction < 1 and report.l0 > 0 and abs(report.loss_zero - report.loss_clean) > 1e-3
     assert hook_state(model) == before and "FVU" in str(report)
+
+
+def shift_lm(gain: float, vocab: int = 7) -> torch.nn.Module:
+    """A language model that predicts ``token + 1``: one-hot embedding, the site (a shift by one, times ``gain``), the
+    identity as unembedding. With a large gain the site carries the prediction; with a tiny one it hardly matters."""
+    lm = torch.nn.Sequential(torch.nn.Embedding(vocab, vocab), torch.nn.Linear(vocab, vocab), torch.nn.Identity())
+    lm = lm.double().eval()  # before the weights are set: the gain exactly in float64
+    with torch.no_grad():
+        lm[0].weight.copy_(torch.eye(vocab))
+        lm[1].weight.copy_(torch.eye(vocab, dtype=torch.float64).roll(1, 0) * gain)
+        lm[1].bias.zero_()
+    return lm
+
+
+def shift_batches(vocab: int = 7):
+    starts = torch.tensor([[0], [3], [5]])
+    return [(starts + torch.arange(6)) % vocab]
+
+
+def test_a_site_whose_ablation_matters_gives_a_well_conditioned_loss_recovered(no_warnings):
+    report = evaluate_dictionary(
+        shift_lm(8.0), shift_batches(), "1", SAE(7, 14, activation="relu").double(), progress=False
+    )
+    assert report.loss_clean < 0.01 and math.isclose(report.loss_zero, math.log(7), rel_tol=1e-12)
+    assert not report.ill_conditioned and "ill-conditioned" not in str(report)
+
+
+def test_an_ill_conditioned_loss_recovered_is_said_in_a_warning_and_the_report():
+    """Gain g = 1e-3: clean loss ln(6 + e^g) - g, zero-ablated ln 7; the gap is about g (1 - 1/7), 0.04% of ln 7."""
+    clean, zero = math.log(6 + math.exp(1e-3)) - 1e-3, math.log(7)
+    with pytest.warns(
+        UserWarning,
+        match=rf"loss recovered \(.*%\) is ill-conditioned at `site` '1': zero-ablating it moves the loss from "
+        rf"{clean:.4f} to {zero:.4f} nats \(\+0\.04%, expected at least \+5%\)",
+    ):
+        report = evaluate_dictionary(
+            shift_lm(1e-3), shift_batches(), "1", SAE(7, 14, activation="relu").double(), progress=False
+        )
+    assert math.isclose(report.loss_clean, clean, rel_tol=1e-12) and math.isclose(report.loss_zero, zero, rel_tol=1e-12)
+    assert report.ill_conditioned and "ill-conditioned: zero-ablation barely changes the loss" in str(report)

@@ -68,6 +68,83 @@ def test_saelens_skip_transcoder_applies_w_skip_transposed(tmp_path):
     torch.testing.assert_close(tc(X), f @ w["W_dec"] + w["b_dec"] + X @ w["W_skip"].T, rtol=0, atol=1e-12)
 
 
+def saelens_runner_topk_folder(tmp_path, norms, architecture="topk"):
+    """A TopK folder as SAELens 6's training runner writes it: ``rescale_acts_by_decoder_norm`` set in cfg.json.
+
+    ``norms`` are the decoder rows' norms: all 1 (what the runner's save leaves after folding them into the weights
+    it writes) or of other sizes (a checkpoint saved before that fold, or by an older SAELens).
+    """
+    w_dec = rand(N, D, seed=3)
+    w_dec = w_dec / w_dec.norm(dim=-1, keepdim=True) * norms[:, None]
+    w = {"W_enc": rand(D, N, seed=1), "b_enc": rand(N, seed=2), "W_dec": w_dec, "b_dec": rand(D, seed=4)}
+    if architecture == "batchtopk":  # a BatchTopK training checkpoint: one threshold for the scaled pre-activations
+        w["topk_threshold"] = torch.tensor(0.3, dtype=torch.float64)
+    st.save_file(w, str(tmp_path / "sae_weights.safetensors"))
+    cfg = {
+        "d_in": D, "d_sae": N, "dtype": "float64", "device": "cpu", "apply_b_dec_to_input": True,
+        "normalize_activations": "none", "reshape_activations": "none",
+        "metadata": {"sae_lens_version": "6.18.0", "hook_name": "blocks.0.hook_resid_post"},
+        "architecture": architecture, "k": K, "rescale_acts_by_decoder_norm": True,
+    }  # fmt: skip
+    (tmp_path / "cfg.json").write_text(json.dumps(cfg))
+    return w
+
+
+def saelens_rescaled(w, x, activate):
+    """SAELens's encode and decode with rescale_acts_by_decoder_norm (its TopKSAE.encode/decode, SAELens 6.18).
+
+    ``hidden_pre * n`` before the activation, ``f / n`` before decoding; ``n`` the decoder's row norms.
+    """
+    n = w["W_dec"].norm(dim=-1)
+    hidden_pre = ((x - w["b_dec"]) @ w["W_enc"] + w["b_enc"]) * n
+    f = activate(hidden_pre)
+    return f, (f / n) @ w["W_dec"] + w["b_dec"]
+
+
+NORMS = {
+    "unit": torch.ones(N, dtype=torch.float64),
+    "other": torch.tensor([0.2, 3.0, 1.0, 0.5, 7.0, 1.5, 0.05, 2.0, 0.8, 4.0, 1.1, 0.3], dtype=torch.float64),
+}
+
+
+@pytest.mark.parametrize("norms", ["unit", "other"])
+def test_saelens_runner_topk_folders_with_rescale_acts_by_decoder_norm_give_saelens_features(tmp_path, norms):
+    w = saelens_runner_topk_folder(tmp_path, NORMS[norms])
+    features, reconstruction = saelens_rescaled(w, X, lambda h: peer_topk(h, K))
+    sae = load_dictionary(tmp_path)
+    assert sae.activation == "topk" and sae.k == K and sae.W_enc.dtype == torch.float64
+    torch.testing.assert_close(sae.encode(X), features, rtol=0, atol=1e-12)
+    torch.testing.assert_close(sae.decode(sae.encode(X)), reconstruction, rtol=0, atol=1e-12)
+    torch.testing.assert_close(sae(X), reconstruction, rtol=0, atol=1e-12)
+    torch.testing.assert_close(sae.W_dec.norm(dim=-1), torch.ones(N, dtype=torch.float64), rtol=0, atol=1e-12)
+    pre = (X - w["b_dec"]) @ w["W_enc"] + w["b_enc"]
+    chosen, unscaled = features != 0, peer_topk(pre, K) != 0
+    assert torch.equal(chosen, unscaled) == (norms == "unit"), "other norms must change which features are chosen"
+
+
+def test_saelens_batchtopk_checkpoint_with_rescale_acts_by_decoder_norm_thresholds_the_scaled_pre(tmp_path):
+    w = saelens_runner_topk_folder(tmp_path, NORMS["other"], architecture="batchtopk")
+    threshold = w["topk_threshold"]
+    features, reconstruction = saelens_rescaled(w, X, lambda h: h.relu() * (h > threshold))
+    sae = load_dictionary(tmp_path)
+    assert sae.activation == "batchtopk"
+    torch.testing.assert_close(sae.encode(X), features, rtol=0, atol=1e-12)
+    torch.testing.assert_close(sae(X), reconstruction, rtol=0, atol=1e-12)
+    assert features.count_nonzero() > 0
+
+
+@pytest.mark.parametrize(("given", "loads"), [(False, True), (None, True), (True, False)])
+def test_pre_6_saelens_normalize_activations_booleans_read_as_saelens_migrates_them(tmp_path, given, loads):
+    """SAELens before 6 wrote a bool: False is "none" (loads), True is "expected_average_only_in" (refused)."""
+    w = saelens_folder(tmp_path, "standard", normalize_activations=given, sae_lens_version="3.5.0")
+    if not loads:
+        with pytest.raises(ValueError, match="normalize_activations='expected_average_only_in'"):
+            load_dictionary(tmp_path)
+        return
+    expected = ((X - w["b_dec"]) @ w["W_enc"] + w["b_enc"]).relu()
+    torch.testing.assert_close(load_dictionary(tmp_path).encode(X), expected, rtol=0, atol=1e-12)
+
+
 def test_saelens_settings_this_library_does_not_compute_are_refused(tmp_path):
     saelens_folder(tmp_path, "standard", normalize_activations="expected_average_only_in")
     with pytest.raises(ValueError, match="normalize_activations='expected_average_only_in'"):

@@ -165,3 +165,46 @@ def test_bad_dictionaries_and_widths_are_refused(tmp_path):
         train_dictionary(None, torch.randn(8, 5), None, SAE(4, 8, k=2), out=tmp_path, progress=False)
     with pytest.raises(ValueError, match=r"width 5, but the Transcoder reads d_in \+ d_out = 4 \+ 3"):
         train_dictionary(None, torch.randn(8, 5), None, Transcoder(4, 3, 8, k=2), out=tmp_path, progress=False)
+
+
+class MaskedTiny(Tiny):
+    """``Tiny`` that takes HuggingFace's keywords: masked positions get a zero embedding (so the mask shows)."""
+
+    def forward(self, input_ids, attention_mask):
+        return self.mlp(self.embed(input_ids) * attention_mask[..., None])
+
+
+def test_dict_batches_as_huggingface_passes_them_are_recorded_with_every_entry(tmp_path):
+    g = torch.Generator().manual_seed(3)
+    batches = []
+    for rows in (4, 2, 3):  # batches of several sizes, masks with zeros at the end (right padding)
+        mask = torch.ones(rows, 5, dtype=torch.long)
+        mask[0, 3:] = 0
+        batches.append({"input_ids": torch.randint(1, 10, (rows, 5), generator=g), "attention_mask": mask})
+    model, options = MaskedTiny(), {"batch_size": 16, "lr": 1e-2, "progress": False}
+    torch.manual_seed(0)
+    trained = train_dictionary(model, batches, "mlp", SAE(6, 12, k=2), out=tmp_path / "a", **options)
+    merged = {key: torch.cat([b[key] for b in batches]) for key in batches[0]}
+    with torch.no_grad(), record(model, "mlp") as acts:
+        model(**merged)
+    shards = open_results(tmp_path / "a" / "activations", verify=True)
+    assert torch.equal(shards.maps[:], acts["mlp"])  # (9 sequences, 5 positions, 6), the masks applied
+    assert torch.equal(acts["mlp"][0, 3], model.mlp.bias.detach())  # a masked position: the bias alone
+    torch.manual_seed(0)
+    given = train_dictionary(None, acts["mlp"].reshape(-1, 6), None, SAE(6, 12, k=2), out=tmp_path / "b", **options)
+    assert all(torch.equal(v, given.state_dict()[k]) for k, v in trained.state_dict().items())
+
+
+def test_dict_batches_without_token_ids_or_with_other_keys_are_refused(tmp_path):
+    ids, sae = torch.randint(1, 10, (2, 5)), SAE(6, 12, k=2)
+    flat = [{"input_ids": ids}, {"input_ids": ids[0]}]
+    with pytest.raises(TypeError, match=r"batch 1 is a dict whose 'input_ids' is \(5,\); each dict batch needs"):
+        train_dictionary(MaskedTiny(), flat, "mlp", sae, out=tmp_path)
+    unlike = [{"input_ids": ids, "attention_mask": torch.ones_like(ids)}, {"input_ids": ids}]
+    with pytest.raises(
+        ValueError, match=r"batch 1 has keys \['input_ids'\], batch 0 \['attention_mask', 'input_ids'\]"
+    ):
+        train_dictionary(MaskedTiny(), unlike, "mlp", sae, out=tmp_path)
+    short = [{"input_ids": ids, "attention_mask": torch.ones(3, 5)}]
+    with pytest.raises(ValueError, match=r"batch 0: \{'attention_mask': \(3, 5\)\} do not have the 2 rows"):
+        train_dictionary(MaskedTiny(), short, "mlp", sae, out=tmp_path)
