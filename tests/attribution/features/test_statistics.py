@@ -269,3 +269,10 @@ def assert_same(a: UnitReport, b: UnitReport) -> None:
             assert x == y, where
 
     same(a.state(), b.state(), "report")
+
+
+def test_quantiles_of_four_values_by_hand():
+    """The q-quantile is the value of rank ceil(q n) (at least 1): of 1, 2, 3, 4, q = 0.3 gives 2, q = 0.25 gives 1."""
+    counts = torch.bincount(_math.bucket(torch.tensor([4.0, 1.0, 3.0, 2.0])), minlength=_math.BUCKETS)[None]
+    got = _math.sketch_quantile(counts, torch.tensor([0.0, 0.25, 0.3, 0.5, 0.51, 1.0], dtype=torch.float64))[0]
+    assert got.tolist() == pytest.approx([1.0, 1.0, 2.0, 2.0, 3.0, 4.0], rel=_math.ALPHA * 1.0001)
