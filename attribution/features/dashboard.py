@@ -63,7 +63,7 @@ def dashboard(
         >>> config = transformers.LlamaConfig(vocab_size=50, hidden_size=16, intermediate_size=32,
         ...     num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2)
         >>> model = transformers.LlamaForCausalLM(config).eval()
-        >>> report = feature_statistics(model, torch.randint(3, 50, (6, 12)), Neurons(1), k=3, bands=2,
+        >>> report = feature_statistics(model, torch.randint(3, 50, (6, 12)), Neurons(1), k=3, bands=2, context=(2, 2),
         ...                             tokenizer=lambda i: f" w{i}", progress=False)
         >>> page = dashboard(report, ["L1/N0", 5], Path(tempfile.mkdtemp()) / "neurons.html")
         >>> text = page.read_text()

@@ -667,7 +667,8 @@ def explain(
         >>> config = transformers.LlamaConfig(vocab_size=40, hidden_size=16, intermediate_size=8,
         ...     num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=2)
         >>> model = transformers.LlamaForCausalLM(config).eval()
-        >>> report = feature_statistics(model, torch.randint(3, 40, (8, 10)), Neurons(0), k=4, progress=False)
+        >>> report = feature_statistics(model, torch.randint(3, 40, (8, 10)), Neurons(0), k=4, context=(2, 2),
+        ...     progress=False)
         >>> explain(report, [0, 1], lambda prompt: "Explanation: numbers in a list.")
         {0: 'numbers in a list', 1: 'numbers in a list'}
     """
@@ -836,7 +837,8 @@ def score(
         >>> config = transformers.LlamaConfig(vocab_size=40, hidden_size=16, intermediate_size=8,
         ...     num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=2)
         >>> model = transformers.LlamaForCausalLM(config).eval()
-        >>> report = feature_statistics(model, torch.randint(3, 40, (8, 10)), Neurons(0), k=6, progress=False)
+        >>> report = feature_statistics(model, torch.randint(3, 40, (8, 10)), Neurons(0), k=6, context=(2, 2),
+        ...     progress=False)
         >>> score(report, {0: "anything"}, "simulation", lambda explanation, tokens: [5.0] * len(tokens))
         {0: None}
     """

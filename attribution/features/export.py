@@ -108,7 +108,7 @@ def to_circuit_tracer(
         ...     num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2)
         >>> model = transformers.LlamaForCausalLM(config).eval()
         >>> report = feature_statistics(model, torch.randint(3, 50, (6, 12)), Neurons(1, indices=[5, 2]), k=3,
-        ...     bands=2, progress=False)
+        ...     bands=2, context=(2, 2), progress=False)
         >>> with tempfile.TemporaryDirectory() as folder:  # layer 1: neuron 5 is (1 + 5)(1 + 5 + 1) / 2 + 5
         ...     [path.name for path in to_circuit_tracer(report, folder)]
         ['26.json', '8.json']
@@ -223,7 +223,7 @@ def to_neuronpedia(
         ...     num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2)
         >>> model = transformers.LlamaForCausalLM(config).eval()
         >>> report = feature_statistics(model, torch.randint(3, 50, (6, 12)), Neurons(1, indices=[5, 2]), k=3,
-        ...     bands=2, progress=False)
+        ...     bands=2, context=(2, 2), progress=False)
         >>> with tempfile.TemporaryDirectory() as folder:
         ...     [path.relative_to(folder).as_posix() for path in to_neuronpedia(report, folder, model_id="tiny")]
         ['tiny/1-hookscope-neurons/features/batch-0.jsonl.gz', 'tiny/1-hookscope-neurons/activations/batch-0.jsonl.gz']
@@ -352,7 +352,7 @@ def neuron_record(report: UnitReport, unit: Unit) -> dict[str, Any]:
         ...     num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2)
         >>> model = transformers.LlamaForCausalLM(config).eval()
         >>> report = feature_statistics(model, torch.randint(3, 50, (6, 12)), Neurons(1, indices=[5, 2]), k=3,
-        ...     bands=2, progress=False)
+        ...     bands=2, context=(2, 2), progress=False)
         >>> record = neuron_record(report, "L1/N2")
         >>> record["neuron_id"], len(record["random_sample_by_quantile"])
         ({'dataclass_name': 'NeuronId', 'layer_index': 1, 'neuron_index': 2}, 2)

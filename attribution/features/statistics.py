@@ -110,7 +110,8 @@ def feature_statistics(
         >>> config = transformers.LlamaConfig(vocab_size=50, hidden_size=16, intermediate_size=32,
         ...     num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2)
         >>> model = transformers.LlamaForCausalLM(config).eval()
-        >>> report = feature_statistics(model, torch.randint(1, 50, (6, 12)), Neurons(1), k=3, bands=2)
+        >>> report = feature_statistics(model, torch.randint(1, 50, (6, 12)), Neurons(1), k=3, bands=2,
+        ...     context=(2, 2))
         >>> len(report), len(report.top(0)), report.top(0)[0].value >= report.top(0)[1].value
         (32, 3, True)
     """

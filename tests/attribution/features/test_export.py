@@ -181,7 +181,9 @@ def report(model):
     directions = torch.stack([torch.randn(16), torch.zeros(16)])
     units = [Neurons(1, indices=[5, 0, 7]), Directions(directions, "model.layers.0")]
     tokens = torch.randint(3, 50, (8, 12))
-    return feature_statistics(model, tokens, units, tokenizer=Words(), k=4, bands=3, samples=2, progress=False)
+    return feature_statistics(
+        model, tokens, units, tokenizer=Words(), k=4, bands=3, samples=2, context=(3, 2), progress=False
+    )
 
 
 def test_the_report_has_the_units_the_tests_expect(report):
