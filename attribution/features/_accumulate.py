@@ -43,7 +43,7 @@ def top_candidates(batch: Batch, slots: Slots, valid: torch.Tensor, k: int, gap:
     units, docs, _ = values.shape
     flat = values.reshape(units, docs * k)
     kth = flat.topk(min(k, flat.shape[1]), dim=1).values[:, -1]
-    take = (flat >= torch.maximum(kth, floor)[:, None]) & (flat > _math.NEG)
+    take = (flat >= kth[:, None]) & (flat > floor[:, None])  # ties within the batch are ordered by the merge
     unit, index = take.nonzero(as_tuple=True)
     row = index // k
     return Candidates(

@@ -26,8 +26,9 @@ def peaks(acts: torch.Tensor, k: int, gap: int, floor: torch.Tensor) -> tuple[to
         acts: ``(units, documents, tokens)``; excluded positions ``-inf``.
         k: peaks per unit and document.
         gap: two peaks of one document are at least ``gap`` positions apart (``gap <= 1``: distinct positions).
-        floor: ``(units,)``; a document whose best value is below its unit's floor has no peak that could enter the
-            unit's top-k: it is skipped.
+        floor: ``(units,)``; only values above it can enter the unit's top-k (``-inf``: any finite value). A unit's
+            full top-k admits no value equal to its last one either, since documents come in order and a tie goes to
+            the earlier document.
 
     Returns:
         ``values, positions``: ``(units, documents, k)``, best first; ``-inf`` (position 0) where there is none.
@@ -46,7 +47,7 @@ def peaks(acts: torch.Tensor, k: int, gap: int, floor: torch.Tensor) -> tuple[to
     offsets = torch.arange(-(max(gap, 1) - 1), max(gap, 1))
     for r in range(k):
         value, position = work.max(dim=1)
-        live = (value >= row_floor) & (value > NEG)
+        live = value > row_floor
         if not bool(live.any()):
             break
         if not bool(live.all()):
