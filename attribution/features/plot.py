@@ -51,7 +51,11 @@ def plot_unit(report: UnitReport, unit: Unit, *, examples: int = 5, axes: Any = 
 
 
 def _examples(ax: Axes, report: UnitReport, top: list[Example], peak: float) -> None:
-    """Each example's context on one line, each token boxed in a shade of its activation (the example underlined)."""
+    """Each example's context on one line, each token boxed in a shade of its activation (the example in bold).
+
+    Tokens are placed in points from the axes' left edge (a monospace character is 0.6 em wide), so that a later
+    change of the layout does not move them apart.
+    """
     ax.set_axis_off()
     ax.set_title("top examples (shade: activation / max)", fontsize=10)
     scale = peak if peak > 0 else 1.0
@@ -62,7 +66,8 @@ def _examples(ax: Axes, report: UnitReport, top: list[Example], peak: float) -> 
         for j, (token, value) in enumerate(zip(example.tokens, example.activations, strict=True)):
             shade = max(0.0, min(1.0, value / scale))
             piece = report.text([token]).replace("\n", "\\n").replace("$", r"\$") or " "
-            ax.text(x, y, piece, va="center", fontsize=9, family="monospace", transform=ax.transAxes,
+            ax.annotate(piece, (0, y), xycoords="axes fraction", xytext=(x, 0), textcoords="offset points",
+                        va="center", fontsize=9, family="monospace",
                         bbox={"facecolor": (1.0, 1 - 0.6 * shade, 1 - 0.8 * shade), "edgecolor": "none", "pad": 1},
                         fontweight="bold" if j == example.offset else "normal")  # fmt: skip
-            x += 0.0125 * max(len(piece), 1) + 0.004
+            x += 0.6 * 9 * len(piece) + 2
