@@ -58,6 +58,10 @@ nitpick_ignore = [
     ("py:class", "ModuleTarget"),
     ("py:class", "Kind"),
     ("py:class", "Reduction"),
+    # attribution.features: a unit's number or label (int | str), and what a unit kind binds to (private)
+    ("py:class", "Unit"),
+    ("py:class", "attribution.features.units.Bound"),
+    ("py:class", "Path"),
     ("py:class", "Site"),
     ("py:class", "Element"),
     ("py:class", "Threads"),

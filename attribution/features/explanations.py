@@ -204,7 +204,7 @@ class Explanation(str):
     """
 
     raw: str
-    """The explainer's whole reply (for a local model: the generated text after ``Explanation:``)."""
+    """The explainer's whole reply; for a local model, the text generated after ``Explanation:``."""
 
     def __new__(cls, text: str, raw: str = "") -> Explanation:
         """The explanation ``text``, from the reply ``raw``."""
@@ -321,7 +321,7 @@ def detection_metrics(truth: Sequence[bool | int], prob: Sequence[float]) -> dic
     Returns:
         ``tp``, ``fp``, ``tn``, ``fn`` (counts), ``accuracy``, ``balanced_accuracy`` (``(TPR + TNR) / 2``; ``None``
         without positives or negatives), ``f1`` (``2 TP / (2 TP + FP + FN)``; ``None`` when that is 0 / 0) and
-        ``auroc`` (:func:`auroc`).
+        ``auroc`` (the area under the ROC curve, ties counted half).
 
     Example:
         >>> m = detection_metrics([1, 1, 1, 0, 0], [0.9, 0.8, 0.2, 0.7, 0.1])

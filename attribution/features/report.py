@@ -59,7 +59,10 @@ class UnitReport:
     documents: int = 0
     tokenizer: Any = None
     sources: list[dict[str, Any]] = field(default_factory=list)
-    """Per kind of unit given, in order: ``kind``, ``module``, ``side``, ``layer``, ``indices`` (see :meth:`find`)."""
+    """One entry per kind of unit given, in order, with ``kind``, ``module``, ``side``, ``layer`` and ``indices``.
+
+    See :meth:`find`.
+    """
 
     # -- look-ups ---------------------------------------------------------------------------------------------------
     def __len__(self) -> int:

@@ -75,7 +75,7 @@ def feature_statistics(
 
     Under ``torchrun`` each process takes a contiguous share of the batches and every process returns the merged
     report, bit for bit the one-process report. With ``checkpoint`` the state is written every
-    :data:`CHECKPOINT_EVERY` batches; the same call after a kill resumes there and gives the same report.
+    four batches; the same call after a kill resumes there and gives the same report.
 
     Args:
         model: a language model taking token ids ``(batch, tokens)`` (left as found).

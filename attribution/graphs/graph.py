@@ -195,8 +195,8 @@ class AttributionGraph:
             path: where to write the page (also returned).
             tokenizer: a tokenizer (its ``decode``) or a function from a token id to text.
             top_tokens: optional ``{node number: [text, ...]}``, shown for a clicked node (its top-activating tokens).
-            features: optional :class:`~attribution.features.UnitReport` (of
-                :func:`~attribution.features.feature_statistics` on the same model): a neuron or feature node whose
+            features: optional :class:`~attribution.UnitReport` (of
+                :func:`~attribution.feature_statistics` on the same model): a neuron or feature node whose
                 unit it has (``report.find(kind, layer, index)``) is labelled by the token of its top example and,
                 when clicked, shows its top examples (shaded, the example's token outlined), density, max and logit
                 effects. The report's tokenizer decodes them (else ``tokenizer``).
