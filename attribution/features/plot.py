@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from typing import Any
-
-import matplotlib.pyplot as plt
-from matplotlib.axes import Axes
+from typing import TYPE_CHECKING, Any
 
 from .report import Example, Unit, UnitReport
+
+if TYPE_CHECKING:
+    from matplotlib.axes import Axes
 
 
 def plot_unit(report: UnitReport, unit: Unit, *, examples: int = 5, axes: Any = None) -> tuple[Axes, Axes]:
@@ -32,6 +32,8 @@ def plot_unit(report: UnitReport, unit: Unit, *, examples: int = 5, axes: Any = 
         >>> hist.get_title().startswith("D0")
         True
     """
+    import matplotlib.pyplot as plt  # only when drawing: importing attribution does not import matplotlib
+
     i = report.index(unit)
     if axes is None:
         _, axes = plt.subplots(1, 2, figsize=(12, 3.2), gridspec_kw={"width_ratios": [1, 2]})
