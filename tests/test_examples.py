@@ -42,7 +42,7 @@ SHORTER = {  # the same code paths with less of the work the documented run does
     "generation_demo.py": ["--tokens", "8"],
     "relp_ioi.py": ["--prompts", "2", "--every", "6"],
     "dictionaries_smollm2.py": ["--sequences", "32", "--passes", "1"],
-    "features_smollm2.py": ["--sequences", "16", "--passes", "1", "--explain", "2"],
+    "features_smollm2.py": ["--sequences", "16", "--passes", "1", "--explain", "1"],
     "attribution_graph.py": ["--max-nodes", "100", "--sequences", "16"],
     "perturbation_demo.py": "--photos 1 --masks 40 --coalitions 20 --prompts 2 --samples 1".split(),
 }
