@@ -132,7 +132,6 @@ from __future__ import annotations
 import math
 import numbers
 import random
-import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, cast
@@ -140,58 +139,46 @@ from typing import Any, Literal, cast
 import torch
 from torch import nn
 
-from .._inputs import decoder
-from .._run import kept_state, warn
-from .report import Example, UnitReport
+from .._run import warn
+from ._lm import _LM, _simulation_ids
+from ._passages import (
+    DETECTION_PROMPT,
+    EXPLAINER_PROMPT,
+    FUZZING_PROMPT,
+    SIMULATION_PROMPT,
+    _explainer_prompt,
+    _Passage,
+    _Reader,
+    _Split,
+    _split,
+    _with_marks,
+    parse_explanation,
+)
+from ._scores import auroc, binary_probability, detection_metrics, expected_value, simulation_score
+from .report import UnitReport
+
+__all__ = [
+    "Explanation",
+    "explain",
+    "score",
+    "parse_explanation",
+    "expected_value",
+    "binary_probability",
+    "simulation_score",
+    "auroc",
+    "detection_metrics",
+    "EXPLAINER_PROMPT",
+    "SIMULATION_PROMPT",
+    "DETECTION_PROMPT",
+    "FUZZING_PROMPT",
+    "Unit",
+    "Scorer",
+    "Metric",
+]
 
 Unit = int | str
 Scorer = Literal["simulation", "detection", "fuzzing"]
 Metric = Literal["balanced_accuracy", "f1", "auroc", "accuracy"]
-
-EXPLAINER_PROMPT = """\
-We are studying one unit of a neural network that reads text: a neuron, a dictionary feature or a direction. \
-Below are passages of a dataset on which the unit is strongly active. Its activation on each token is \
-rescaled to a whole number from 0 (inactive) to 10 (the strongest seen). In every passage the active tokens \
-are put between << and >>, and the line after the passage lists them with their activations.
-
-Work out what the unit responds to: the kind of token that activates it and, where it matters, the context \
-around that token. Describe it in one short phrase. Do not list the marked tokens one by one, do not mention \
-the << >> marks, and give one description, not several.
-
-{passages}
-
-End your reply with one line of the form
-Explanation: <the phrase>"""
-
-SIMULATION_PROMPT = """\
-We are studying one unit of a neural network that reads text. Its activation on each token is a whole number \
-from 0 (inactive) to 10 (the strongest); on most tokens it is 0.
-What the unit responds to: {explanation}
-
-Predict the unit's activation on every token of the passage below. Each line holds one token, a tab and the \
-activation; an activation not predicted yet is written ?."""
-
-DETECTION_PROMPT = """\
-We are studying one unit of a neural network that reads text.
-What the unit responds to: {explanation}
-
-Judging by that description, is the unit active anywhere in the passage below?
-Passage: {passage}
-
-Answer with one digit: 1 if it is active, 0 if it is not."""
-
-FUZZING_PROMPT = """\
-We are studying one unit of a neural network that reads text.
-What the unit responds to: {explanation}
-
-In the passage below some tokens are put between << and >>. Judging by that description, are the marked \
-tokens the ones on which the unit is active?
-Passage: {passage}
-
-Answer with one digit: 1 if the marks are right, 0 if they are not."""
-
-_MARKER = re.compile(r"\[?\s*explanation\s*\]?\s*:", re.IGNORECASE)
-_ESCAPES = str.maketrans({"\t": "\\t", "\n": "\\n", "\r": "\\r"})
 
 
 class Explanation(str):
@@ -218,397 +205,6 @@ class Explanation(str):
         return not self
 
 
-# -- pure metrics -------------------------------------------------------------------------------------------------
-def expected_value(probabilities: torch.Tensor, values: torch.Tensor | None = None) -> torch.Tensor:
-    """``(...,)`` the expected value of ``values`` under ``probabilities`` renormalised to sum to 1.
-
-    Args:
-        probabilities: ``(..., n)`` non-negative weights of the values (need not sum to 1).
-        values: ``(n,)`` the values (default ``0..n-1``).
-
-    Example:
-        >>> expected_value(torch.tensor([0.2, 0.0, 0.2]))   # half 0, half 2
-        tensor(1.)
-    """
-    p = torch.as_tensor(probabilities)
-    v = torch.arange(p.shape[-1], dtype=p.dtype) if values is None else torch.as_tensor(values, dtype=p.dtype)
-    return (p * v.to(p.device)).sum(-1) / p.sum(-1)
-
-
-def binary_probability(p0: float, p1: float) -> float:
-    """``P(1) / (P(0) + P(1))``: the probability of "yes" from those of the answers "0" and "1" (0.5 if both are 0).
-
-    Example:
-        >>> binary_probability(0.25, 0.75)
-        0.75
-    """
-    total = p0 + p1
-    return 0.5 if total <= 0 else p1 / total
-
-
-def simulation_score(truth: Sequence[Sequence[float]], predicted: Sequence[Sequence[float]]) -> float | None:
-    """Pearson's r between true and predicted activations over all passages' tokens concatenated (OpenAI's score).
-
-    Not the mean of the per-passage correlations: a prediction that ranks whole passages right but not the tokens
-    within them still scores well here. Pairs where either value is not finite are left out.
-
-    Args:
-        truth: one list of true activations per passage.
-        predicted: one list of predictions per passage, as long as the passage's.
-
-    Returns:
-        r, or ``None`` where it is undefined: fewer than 2 tokens, or the truth or the predictions constant.
-
-    Raises:
-        ValueError: a passage whose predictions are not as many as its tokens.
-
-    Example:
-        >>> simulation_score([[0, 1], [0, 3]], [[0, 1], [0, 2]]) > 0.9, simulation_score([[0, 1]], [[5, 5]])
-        (True, None)
-    """
-    if len(truth) != len(predicted):
-        raise ValueError(f"`predicted` must hold one list per passage ({len(truth)}); got {len(predicted)}")
-    xs: list[float] = []
-    ys: list[float] = []
-    for i, (t, p) in enumerate(zip(truth, predicted, strict=True)):
-        if len(t) != len(p):
-            raise ValueError(f"passage {i} has {len(t)} tokens but {len(p)} predictions")
-        for a, b in zip(t, p, strict=True):
-            if math.isfinite(a) and math.isfinite(b):
-                xs.append(float(a))
-                ys.append(float(b))
-    if len(xs) < 2 or min(xs) == max(xs) or min(ys) == max(ys):
-        return None
-    x = torch.tensor(xs, dtype=torch.float64)
-    y = torch.tensor(ys, dtype=torch.float64)
-    x, y = x - x.mean(), y - y.mean()
-    return float((x @ y) / torch.sqrt((x @ x) * (y @ y)))
-
-
-def auroc(truth: Sequence[bool | int], prob: Sequence[float]) -> float | None:
-    """The area under the ROC curve: the chance that a positive outranks a negative, ties counting one half.
-
-    ``None`` without positives or without negatives.
-
-    Example:
-        >>> auroc([1, 0, 1, 0], [0.9, 0.5, 0.5, 0.1])   # pairs (won, tied, won, won) of 4
-        0.875
-    """
-    labels = [bool(t) for t in truth]
-    positives = sum(labels)
-    negatives = len(labels) - positives
-    if positives == 0 or negatives == 0:
-        return None
-    order = sorted(range(len(labels)), key=lambda i: prob[i])
-    rank_sum, i = 0.0, 0
-    while i < len(order):  # average ranks over runs of tied probabilities (1-based)
-        j = i
-        while j + 1 < len(order) and prob[order[j + 1]] == prob[order[i]]:
-            j += 1
-        mean_rank = (i + j) / 2 + 1
-        rank_sum += mean_rank * sum(labels[order[m]] for m in range(i, j + 1))
-        i = j + 1
-    return (rank_sum - positives * (positives + 1) / 2) / (positives * negatives)
-
-
-def detection_metrics(truth: Sequence[bool | int], prob: Sequence[float]) -> dict[str, float | None]:
-    """Accuracy, balanced accuracy, F1 and AUROC of probabilistic yes/no answers (a passage is "yes" above 0.5).
-
-    Args:
-        truth: whether each passage is positive (activating, or correctly marked).
-        prob: the probability of "yes" given for each passage.
-
-    Returns:
-        ``tp``, ``fp``, ``tn``, ``fn`` (counts), ``accuracy``, ``balanced_accuracy`` (``(TPR + TNR) / 2``; ``None``
-        without positives or negatives), ``f1`` (``2 TP / (2 TP + FP + FN)``; ``None`` when that is 0 / 0) and
-        ``auroc`` (the area under the ROC curve, ties counted half).
-
-    Example:
-        >>> m = detection_metrics([1, 1, 1, 0, 0], [0.9, 0.8, 0.2, 0.7, 0.1])
-        >>> m["tp"], m["fn"], m["fp"], m["tn"], m["balanced_accuracy"], m["f1"], m["auroc"]
-        (2, 1, 1, 1, 0.5833333333333333, 0.6666666666666666, 0.8333333333333334)
-    """
-    if len(truth) != len(prob):
-        raise ValueError(f"`truth` and `prob` must be as long; got {len(truth)} and {len(prob)}")
-    said = [p > 0.5 for p in prob]
-    tp = sum(1 for t, s in zip(truth, said, strict=True) if t and s)
-    fn = sum(1 for t, s in zip(truth, said, strict=True) if t and not s)
-    fp = sum(1 for t, s in zip(truth, said, strict=True) if not t and s)
-    tn = sum(1 for t, s in zip(truth, said, strict=True) if not t and not s)
-    balanced = None if tp + fn == 0 or tn + fp == 0 else (tp / (tp + fn) + tn / (tn + fp)) / 2
-    return {
-        "tp": tp,
-        "fp": fp,
-        "tn": tn,
-        "fn": fn,
-        "accuracy": (tp + tn) / len(said) if said else None,
-        "balanced_accuracy": balanced,
-        "f1": None if 2 * tp + fp + fn == 0 else 2 * tp / (2 * tp + fp + fn),
-        "auroc": auroc(truth, prob),
-    }
-
-
-# -- passages -----------------------------------------------------------------------------------------------------
-@dataclass(frozen=True)
-class _Passage:
-    """An example's context as token texts with the unit's activations, and the example's own value."""
-
-    tokens: list[str]
-    activations: list[float]
-    value: float
-
-    def marks(self, scale: float) -> list[bool]:
-        """The active tokens: above 0 and at least ``min(scale / 10, value)``."""
-        least = min(scale / 10, self.value)
-        return [a > 0 and a >= least for a in self.activations]
-
-    def rescaled(self, scale: float) -> list[int]:
-        """Activations as whole numbers 0..10 (``floor(10 a / scale)``)."""
-        if not scale > 0:
-            return [0] * len(self.activations)
-        return [min(10, max(0, math.floor(10 * a / scale))) if math.isfinite(a) else 0 for a in self.activations]
-
-
-def _passage(example: Example, decode: Callable[[int], str], special: set[int]) -> _Passage:
-    """The example's context decoded token by token, special ids left out, tabs and newlines escaped."""
-    kept = [(t, a) for t, a in zip(example.tokens, example.activations, strict=True) if t not in special]
-    tokens = [decode(int(t)).translate(_ESCAPES) for t, _ in kept]
-    return _Passage(tokens, [float(a) for _, a in kept], float(example.value))
-
-
-def _with_marks(tokens: Sequence[str], marked: Sequence[bool]) -> str:
-    """The tokens as text, each run of marked tokens between ``<<`` and ``>>``."""
-    out, inside = [], False
-    for token, mark in zip(tokens, marked, strict=True):
-        if mark and not inside:
-            out.append("<<")
-        elif inside and not mark:
-            out.append(">>")
-        inside = mark
-        out.append(token)
-    return "".join([*out, ">>"] if inside else out)
-
-
-@dataclass(frozen=True)
-class _Split:
-    """A unit's examples: ``shown`` to the explainer; held-out ``activating`` and ``quiet`` ones for scoring."""
-
-    shown: list[Example]
-    activating: list[Example]
-    quiet: list[Example]
-
-
-def _draw(items: list[Example], n: int, rng: random.Random) -> list[Example]:
-    """``n`` of ``items`` drawn uniformly, in their order (all of them when there are no more)."""
-    if len(items) <= n:
-        return list(items)
-    return [items[i] for i in sorted(rng.sample(range(len(items)), n))]
-
-
-def _split(report: UnitReport, index: int, examples: int, seed: int, purpose: str) -> _Split:
-    """The examples of unit ``index``: even top ranks for the explainer, the rest held out (see the module doc)."""
-    top = report.top(index)
-    even = top[0::2]
-    left, right = (int(c) for c in report.settings["context"])
-    width = left + right + 1
-
-    def clear(e: Example) -> bool:
-        return not any(e.document == s.document and abs(e.position - s.position) < width for s in even)
-
-    seen: set[tuple[int, int]] = set()
-    pool: list[Example] = []
-    candidates = list(top[1::2])
-    if report.band_samples is not None:
-        candidates += [e for band in report.bands(index, "interval") for e in band]
-    for e in candidates:
-        if e.value > 0 and (e.document, e.position) not in seen and clear(e):
-            seen.add((e.document, e.position))
-            pool.append(e)
-    quiet = [e for e in report.non_activating(index) if clear(e)]
-    rng = random.Random(f"hookscope.features.explain/{purpose}/{seed}/{index}")
-    return _Split(
-        shown=_draw([e for e in even if e.value > 0], examples, rng),
-        activating=_draw(pool, examples, rng),
-        quiet=_draw(quiet, examples, rng),
-    )
-
-
-class _Reader:
-    """Passages of one report: its decoder, special ids and per-unit scale."""
-
-    def __init__(self, report: UnitReport) -> None:
-        self.report = report
-        self.decode = decoder(report.tokenizer)
-        self.special = {int(i) for i in report.settings.get("special_ids", [])}
-
-    def passage(self, example: Example) -> _Passage:
-        """The example as a passage."""
-        return _passage(example, self.decode, self.special)
-
-    def scale(self, index: int) -> float:
-        """The unit's largest activation over the dataset (0 for a unit that saw none)."""
-        m = float(self.report.max[index])
-        return m if math.isfinite(m) else 0.0
-
-
-def _explainer_prompt(passages: Sequence[_Passage], scale: float) -> str:
-    """The explainer's prompt for these passages, activations rescaled by ``scale``."""
-    blocks = []
-    for i, p in enumerate(passages, 1):
-        marks = p.marks(scale)
-        values = p.rescaled(scale)
-        listed = ", ".join(
-            f'("{t}", {max(1, v)})' for t, v, m in zip(p.tokens, values, marks, strict=True) if m
-        )  # fmt: skip
-        blocks.append(f"Passage {i}: {_with_marks(p.tokens, marks)}\nActive tokens: {listed}")
-    return EXPLAINER_PROMPT.format(passages="\n\n".join(blocks))
-
-
-def parse_explanation(reply: str, *, started: bool = False) -> str:
-    r"""The explanation in an explainer's reply (see the module doc); ``""`` when there is none.
-
-    Args:
-        reply: the explainer's text.
-        started: the reply continues an ``Explanation:`` already written (a local model's answer).
-
-    Example:
-        >>> parse_explanation('Thinking...\nExplanation: "the token er" in comparatives.'), parse_explanation("no")
-        ('"the token er" in comparatives', '')
-    """
-    found = list(_MARKER.finditer(reply))
-    if found:
-        body = reply[found[-1].end() :]
-    elif started:
-        body = reply
-    else:
-        return ""
-    for line in body.splitlines():
-        line = line.strip().rstrip(".").strip()
-        if len(line) > 1 and line[0] == line[-1] and line[0] in "\"'`":
-            line = line[1:-1].strip().rstrip(".").strip()
-        if line:
-            return line
-    return ""
-
-
-# -- local language models ----------------------------------------------------------------------------------------
-class _LM:
-    """A HuggingFace causal LM and its tokenizer, asked in batches on the model's device."""
-
-    def __init__(self, pair: tuple[nn.Module, Any], what: str) -> None:
-        model, tokenizer = pair
-        if not isinstance(model, nn.Module) or not callable(getattr(tokenizer, "encode", None)):
-            raise TypeError(
-                f"`{what}` must be a callable or (model, tokenizer) with a HuggingFace causal LM and its tokenizer; "
-                f"got ({type(model).__name__}, {type(tokenizer).__name__})"
-            )
-        self.model, self.tokenizer = model, tokenizer
-        parameter = next(model.parameters(), None)
-        self.device = parameter.device if parameter is not None else torch.device("cpu")
-        eos = getattr(tokenizer, "eos_token_id", None)
-        pad = getattr(tokenizer, "pad_token_id", None)
-        self.eos: int | None = eos
-        self.pad: int = pad if pad is not None else eos if eos is not None else 0
-
-    def encode(self, text: str) -> list[int]:
-        """The ids of ``text``, without special tokens added."""
-        return [int(i) for i in self.tokenizer.encode(text, add_special_tokens=False)]
-
-    def start(self, prompt: str, answer: str) -> list[int]:
-        """The ids of the prompt as the user's turn (chat template) or as plain text, the answer begun."""
-        if getattr(self.tokenizer, "chat_template", None):
-            text = self.tokenizer.apply_chat_template(
-                [{"role": "user", "content": prompt}], tokenize=False, add_generation_prompt=True
-            )
-            return self.encode(str(text) + answer)
-        bos = getattr(self.tokenizer, "bos_token_id", None)
-        return ([] if bos is None else [int(bos)]) + self.encode(f"{prompt}\n\n{answer}")
-
-    def value_ids(self, values: Sequence[int]) -> list[list[int]]:
-        """Per value, the ids of the tokens whose text stripped of white space is the value's digits."""
-        size = len(self.tokenizer) if hasattr(self.tokenizer, "__len__") else int(self.tokenizer.vocab_size)
-        batch_decode = getattr(self.tokenizer, "batch_decode", None)
-        pieces = [[i] for i in range(size)]
-        texts = [
-            str(t) for t in (batch_decode(pieces) if callable(batch_decode) else map(self.tokenizer.decode, pieces))
-        ]
-        wanted = {str(v): j for j, v in enumerate(values)}
-        groups: list[list[int]] = [[] for _ in values]
-        for i, text in enumerate(texts):
-            j = wanted.get(text.strip())
-            if j is not None:
-                groups[j].append(i)
-        if not any(groups):
-            raise ValueError(
-                f"the simulator's tokenizer spells none of {list(wanted)} as one token: its answers cannot be read"
-            )
-        return groups
-
-    def generate(self, starts: list[list[int]], max_new_tokens: int, batch_size: int) -> list[str]:
-        """Greedy continuations of ``starts``, batched with left padding."""
-        import transformers
-
-        if not callable(getattr(self.model, "generate", None)):
-            raise TypeError(f"the explainer's model must be a HuggingFace causal LM with .generate; got {self.model}")
-        config = transformers.GenerationConfig(
-            max_new_tokens=max_new_tokens, do_sample=False, pad_token_id=self.pad, eos_token_id=self.eos
-        )
-        replies: list[str] = []
-        with kept_state(self.model), torch.no_grad():
-            for first in range(0, len(starts), batch_size):
-                chunk = starts[first : first + batch_size]
-                width = max(len(s) for s in chunk)
-                ids = torch.full((len(chunk), width), self.pad, dtype=torch.long)
-                mask = torch.zeros((len(chunk), width), dtype=torch.long)
-                for r, s in enumerate(chunk):
-                    ids[r, width - len(s) :] = torch.tensor(s)
-                    mask[r, width - len(s) :] = 1
-                generate = cast(Callable[..., torch.Tensor], self.model.generate)
-                out = generate(
-                    input_ids=ids.to(self.device), attention_mask=mask.to(self.device), generation_config=config
-                )
-                for row in out[:, width:].tolist():
-                    if self.eos is not None and self.eos in row:
-                        row = row[: row.index(self.eos)]
-                    replies.append(str(self.tokenizer.decode(row, skip_special_tokens=True)))
-        return replies
-
-    def read(
-        self, sequences: list[list[int]], slots: list[list[int]], groups: list[list[int]], batch_size: int
-    ) -> list[torch.Tensor]:
-        """Per sequence, ``(len(slots), len(groups))`` float64: each group's next-token probability at each slot."""
-        flat = torch.tensor([i for g in groups for i in g], dtype=torch.long)
-        owner = torch.tensor([j for j, g in enumerate(groups) for _ in g], dtype=torch.long)
-        out: list[torch.Tensor] = []
-        with kept_state(self.model), torch.no_grad():
-            for first in range(0, len(sequences), batch_size):
-                chunk = sequences[first : first + batch_size]
-                width = max(len(s) for s in chunk)
-                ids = torch.full((len(chunk), width), self.pad, dtype=torch.long)
-                mask = torch.zeros((len(chunk), width), dtype=torch.long)
-                for r, s in enumerate(chunk):
-                    ids[r, : len(s)] = torch.tensor(s)
-                    mask[r, : len(s)] = 1
-                result = self.model(input_ids=ids.to(self.device), attention_mask=mask.to(self.device))
-                logits = result.logits if hasattr(result, "logits") else result
-                for r in range(len(chunk)):
-                    where = torch.tensor(slots[first + r], dtype=torch.long, device=logits.device)
-                    p = logits[r, where].double().softmax(-1)[:, flat.to(logits.device)].cpu()
-                    out.append(torch.zeros(len(where), len(groups), dtype=torch.float64).index_add_(1, owner, p))
-        return out
-
-
-def _simulation_ids(lm: _LM, explanation: str, tokens: Sequence[str]) -> tuple[list[int], list[int]]:
-    """The all-at-once simulation sequence and its slots (the last id before each token's placeholder)."""
-    ids = lm.start(SIMULATION_PROMPT.format(explanation=explanation), "")
-    slots = []
-    for token in tokens:
-        ids += lm.encode(f"{token}\t")
-        slots.append(len(ids) - 1)
-        ids += lm.encode("?\n")
-    return ids, slots
-
-
 # -- explain ------------------------------------------------------------------------------------------------------
 def _unit_list(report: UnitReport, units: Unit | Sequence[Unit] | None) -> list[Unit]:
     """The units asked for, as given (every live unit for ``None``), each checked against the report."""
@@ -626,6 +222,62 @@ def _check_counts(examples: int, seed: int, batch_size: int) -> None:
     for name, value, low in (("examples", examples, 1), ("seed", seed, 0), ("batch_size", batch_size, 1)):
         if not isinstance(value, int) or isinstance(value, bool) or value < low:
             raise ValueError(f"`{name}` must be an integer >= {low}; got {value!r}")
+
+
+def _explainer_prompts(report: UnitReport, chosen: list[Unit], examples: int, seed: int) -> dict[int, str]:
+    """The explainer's prompt per position in ``chosen``; none for a unit with no activating top example to show."""
+    reader = _Reader(report)
+    prompts: dict[int, str] = {}
+    for position, unit in enumerate(chosen):
+        index = report.index(unit)
+        shown = [reader.passage(e) for e in _split(report, index, examples, seed, "explain").shown]
+        if shown:
+            prompts[position] = _explainer_prompt(shown, reader.scale(index))
+    return prompts
+
+
+def _ask_explainer(
+    explainer: Callable[[str], str] | tuple[nn.Module, Any],
+    prompts: dict[int, str],
+    max_new_tokens: int,
+    batch_size: int,
+) -> tuple[dict[int, str], bool]:
+    """The explainer's reply per prompt, and whether the replies continue an ``Explanation:`` already written."""
+    if isinstance(explainer, tuple):
+        lm = _LM(explainer, "explainer")
+        order = list(prompts)
+        starts = [lm.start(prompts[p], "Explanation:") for p in order]
+        return dict(zip(order, lm.generate(starts, max_new_tokens, batch_size), strict=True)), True
+    if callable(explainer):
+        return {p: explainer(prompt) for p, prompt in prompts.items()}, False
+    raise TypeError(f"`explainer` must be a callable or (model, tokenizer); got {type(explainer).__name__}")
+
+
+def _parsed(
+    chosen: list[Unit], prompts: dict[int, str], replies: dict[int, str], started: bool
+) -> dict[Unit, Explanation]:
+    """The explanation parsed from each unit's reply, with a warning naming the units left without one."""
+    out: dict[Unit, Explanation] = {}
+    silent, malformed = [], []
+    for position, unit in enumerate(chosen):
+        if position not in prompts:
+            silent.append(unit)
+            out[unit] = Explanation("", raw="")
+            continue
+        reply = replies[position]
+        raw = reply if isinstance(reply, str) else repr(reply)
+        text = parse_explanation(reply, started=started) if isinstance(reply, str) else ""
+        if not text:
+            malformed.append(unit)
+        out[unit] = Explanation(text, raw=raw)
+    if silent:
+        warn(f"explain: units {silent} have no activating top example to show; their explanations are ''")
+    if malformed:
+        warn(
+            f"explain: the explainer's replies for units {malformed} hold no explanation (no 'Explanation: ...' "
+            "line, or nothing after it); their explanations are '' and the replies are kept in .raw"
+        )
+    return out
 
 
 def explain(
@@ -674,46 +326,9 @@ def explain(
     """
     _check_counts(examples, seed, batch_size)
     chosen = _unit_list(report, units)
-    reader = _Reader(report)
-    prompts: dict[int, str] = {}
-    for position, unit in enumerate(chosen):
-        index = report.index(unit)
-        shown = [reader.passage(e) for e in _split(report, index, examples, seed, "explain").shown]
-        if shown:
-            prompts[position] = _explainer_prompt(shown, reader.scale(index))
-    replies: dict[int, str] = {}
-    if isinstance(explainer, tuple):
-        lm = _LM(explainer, "explainer")
-        order = list(prompts)
-        starts = [lm.start(prompts[p], "Explanation:") for p in order]
-        replies = dict(zip(order, lm.generate(starts, max_new_tokens, batch_size), strict=True))
-        started = True
-    elif callable(explainer):
-        replies = {p: explainer(prompt) for p, prompt in prompts.items()}
-        started = False
-    else:
-        raise TypeError(f"`explainer` must be a callable or (model, tokenizer); got {type(explainer).__name__}")
-    out: dict[Unit, Explanation] = {}
-    silent, malformed = [], []
-    for position, unit in enumerate(chosen):
-        if position not in prompts:
-            silent.append(unit)
-            out[unit] = Explanation("", raw="")
-            continue
-        reply = replies[position]
-        raw = reply if isinstance(reply, str) else repr(reply)
-        text = parse_explanation(reply, started=started) if isinstance(reply, str) else ""
-        if not text:
-            malformed.append(unit)
-        out[unit] = Explanation(text, raw=raw)
-    if silent:
-        warn(f"explain: units {silent} have no activating top example to show; their explanations are ''")
-    if malformed:
-        warn(
-            f"explain: the explainer's replies for units {malformed} hold no explanation (no 'Explanation: ...' "
-            "line, or nothing after it); their explanations are '' and the replies are kept in .raw"
-        )
-    return out
+    prompts = _explainer_prompts(report, chosen, examples, seed)
+    replies, started = _ask_explainer(explainer, prompts, max_new_tokens, batch_size)
+    return _parsed(chosen, prompts, replies, started)
 
 
 # -- score --------------------------------------------------------------------------------------------------------
@@ -795,6 +410,87 @@ def _callable_answers(ask: Callable[..., Any], scorer: Scorer, items: list[_Item
     return [ask(e, list(it.passage.tokens)) for it, e in zip(items, said, strict=True)]
 
 
+def _checked_simulator(
+    report: UnitReport,
+    explanations: dict[Unit, str],
+    scorer: Scorer,
+    simulator: Callable[..., Any] | tuple[nn.Module, Any] | None,
+    counts: tuple[int, int, int],
+    metric: Metric | None,
+) -> _LM | None:
+    """Refuse arguments of :func:`score` by name; the local model to ask (``None`` for a callable simulator)."""
+    if scorer not in ("simulation", "detection", "fuzzing"):
+        raise ValueError(f"`scorer` must be 'simulation', 'detection' or 'fuzzing'; got {scorer!r}")
+    if metric is not None and (
+        scorer == "simulation" or metric not in ("balanced_accuracy", "f1", "auroc", "accuracy")
+    ):
+        raise ValueError(
+            f"`metric` must be None, or for detection and fuzzing 'balanced_accuracy', 'f1', 'auroc' or 'accuracy'; "
+            f"got {metric!r} with scorer {scorer!r}"
+        )
+    if simulator is None:
+        raise TypeError("`simulator` is needed: a callable (see the module doc) or (model, tokenizer) of a local LM")
+    _check_counts(*counts)
+    if not isinstance(explanations, dict):
+        raise TypeError(f"`explanations` must be a dict {{unit: explanation}}; got {type(explanations).__name__}")
+    for u in explanations:
+        report.index(u)
+        if not isinstance(explanations[u], str):
+            raise TypeError(f"the explanation of unit {u!r} must be a str; got {type(explanations[u]).__name__}")
+    lm = _LM(simulator, "simulator") if isinstance(simulator, tuple) else None
+    if lm is None and not callable(simulator):
+        raise TypeError(f"`simulator` must be a callable or (model, tokenizer); got {type(simulator).__name__}")
+    return lm
+
+
+def _score_items(
+    report: UnitReport, keys: list[Unit], empty: list[Unit], scorer: Scorer, examples: int, seed: int
+) -> list[_Item]:
+    """The questions to the simulator for every unit with an explanation, passages with no token left out."""
+    reader = _Reader(report)
+    items: list[_Item] = []
+    for position, unit in enumerate(keys):
+        if unit in empty:
+            continue
+        index = report.index(unit)
+        split = _split(report, index, examples, seed, "score")
+        if scorer == "fuzzing":
+            rng = random.Random(f"hookscope.features.explain/fuzz/{seed}/{index}")
+            items += _fuzz_items(position, reader, index, split, rng)
+        else:
+            items += [_Item(position, reader.passage(e), None, True) for e in split.activating]
+            items += [_Item(position, reader.passage(e), None, False) for e in split.quiet]
+    return [item for item in items if item.passage.tokens]
+
+
+def _unit_scores(
+    scorer: Scorer, metric: Metric | None, keys: list[Unit], items: list[_Item], answers: list[Any]
+) -> tuple[dict[Unit, float | None], list[Unit]]:
+    """The score of each unit asked about, and the units whose replies were of the wrong kind (left unscored)."""
+    per_unit: dict[int, list[tuple[_Item, Any]]] = {}
+    for it, answer in zip(items, answers, strict=True):
+        per_unit.setdefault(it.unit, []).append((it, answer))
+    scores: dict[Unit, float | None] = {}
+    broken: list[Unit] = []
+    for position, pairs in per_unit.items():
+        unit = keys[position]
+        if scorer == "simulation":
+            predicted = [_predictions(a, len(it.passage.tokens)) for it, a in pairs]
+            if any(p is None for p in predicted):
+                broken.append(unit)
+                continue
+            truth = [it.passage.activations for it, _ in pairs]
+            scores[unit] = simulation_score(truth, [p for p in predicted if p is not None])
+        else:
+            prob = [_probability(a) for _, a in pairs]
+            if any(p is None for p in prob):
+                broken.append(unit)
+                continue
+            value = detection_metrics([it.truth for it, _ in pairs], [p for p in prob if p is not None])
+            scores[unit] = value[metric or "balanced_accuracy"]
+    return scores, broken
+
+
 def score(
     report: UnitReport,
     explanations: dict[Unit, str],
@@ -842,69 +538,17 @@ def score(
         >>> score(report, {0: "anything"}, "simulation", lambda explanation, tokens: [5.0] * len(tokens))
         {0: None}
     """
-    if scorer not in ("simulation", "detection", "fuzzing"):
-        raise ValueError(f"`scorer` must be 'simulation', 'detection' or 'fuzzing'; got {scorer!r}")
-    if metric is not None and (
-        scorer == "simulation" or metric not in ("balanced_accuracy", "f1", "auroc", "accuracy")
-    ):
-        raise ValueError(
-            f"`metric` must be None, or for detection and fuzzing 'balanced_accuracy', 'f1', 'auroc' or 'accuracy'; "
-            f"got {metric!r} with scorer {scorer!r}"
-        )
-    if simulator is None:
-        raise TypeError("`simulator` is needed: a callable (see the module doc) or (model, tokenizer) of a local LM")
-    _check_counts(examples, seed, batch_size)
-    if not isinstance(explanations, dict):
-        raise TypeError(f"`explanations` must be a dict {{unit: explanation}}; got {type(explanations).__name__}")
+    lm = _checked_simulator(report, explanations, scorer, simulator, (examples, seed, batch_size), metric)
     keys = list(explanations)
-    for u in keys:
-        report.index(u)
-        if not isinstance(explanations[u], str):
-            raise TypeError(f"the explanation of unit {u!r} must be a str; got {type(explanations[u]).__name__}")
-    lm = _LM(simulator, "simulator") if isinstance(simulator, tuple) else None
-    if lm is None and not callable(simulator):
-        raise TypeError(f"`simulator` must be a callable or (model, tokenizer); got {type(simulator).__name__}")
-    reader = _Reader(report)
     empty = [u for u in keys if not explanations[u].strip()]
-    out: dict[Unit, float | None] = {u: None for u in keys}
-    broken: list[Unit] = []
-    items: list[_Item] = []
-    for position, unit in enumerate(keys):
-        if unit in empty:
-            continue
-        index = report.index(unit)
-        split = _split(report, index, examples, seed, "score")
-        if scorer == "fuzzing":
-            rng = random.Random(f"hookscope.features.explain/fuzz/{seed}/{index}")
-            items += _fuzz_items(position, reader, index, split, rng)
-        else:
-            items += [_Item(position, reader.passage(e), None, True) for e in split.activating]
-            items += [_Item(position, reader.passage(e), None, False) for e in split.quiet]
-    items = [item for item in items if item.passage.tokens]
+    items = _score_items(report, keys, empty, scorer, examples, seed)
     said = [explanations[keys[it.unit]] for it in items]
     if lm is not None:
         answers = _lm_answers(lm, scorer, items, said, batch_size)
     else:
         answers = _callable_answers(cast(Callable[..., Any], simulator), scorer, items, said)
-    per_unit: dict[int, list[tuple[_Item, Any]]] = {}
-    for it, answer in zip(items, answers, strict=True):
-        per_unit.setdefault(it.unit, []).append((it, answer))
-    for position, pairs in per_unit.items():
-        unit = keys[position]
-        if scorer == "simulation":
-            predicted = [_predictions(a, len(it.passage.tokens)) for it, a in pairs]
-            if any(p is None for p in predicted):
-                broken.append(unit)
-                continue
-            truth = [it.passage.activations for it, _ in pairs]
-            out[unit] = simulation_score(truth, [p for p in predicted if p is not None])
-        else:
-            prob = [_probability(a) for _, a in pairs]
-            if any(p is None for p in prob):
-                broken.append(unit)
-                continue
-            value = detection_metrics([it.truth for it, _ in pairs], [p for p in prob if p is not None])
-            out[unit] = value[metric or "balanced_accuracy"]
+    scores, broken = _unit_scores(scorer, metric, keys, items, answers)
+    out: dict[Unit, float | None] = {u: scores.get(u) for u in keys}
     if empty:
         warn(f"score: units {empty} have empty (malformed) explanations; their scores are None")
     if broken:
