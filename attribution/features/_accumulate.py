@@ -57,32 +57,27 @@ def top_candidates(batch: Batch, slots: Slots, valid: torch.Tensor, k: int, gap:
     )
 
 
-def sample_candidates(
-    batch: Batch, slots: Slots, eligible: torch.Tensor, keys: torch.Tensor, group: torch.Tensor
-) -> Candidates:
-    """The eligible entries of each group with the smallest sampling keys (all ties with the last kept).
+def quiet_candidates(batch: Batch, slots: Slots, eligible: torch.Tensor, seed: int) -> Candidates:
+    """The eligible places of each unit with the smallest sampling keys (all ties with the last kept).
 
     Args:
         batch: the batch.
-        slots: the samples so far of each unit's group (row ``u``: the group of unit ``u``).
+        slots: the samples so far of each unit.
         eligible: ``(units, documents, tokens)`` bool.
-        keys: ``(units, documents, tokens)`` the entries' sampling keys.
-        group: ``(units,)`` each unit's group (its row in ``slots``).
+        seed: the keys' seed (:func:`_math.keys`).
     """
-    units, docs, tokens = batch.acts.shape
-    size = slots.value.shape[1]
+    units, _, tokens = batch.acts.shape
+    place = _math.place_keys(seed, batch.documents, torch.arange(tokens)).reshape(-1)
+    offsets = _math.unit_offsets(seed, torch.arange(units))
     ceiling = torch.where(slots.full, slots.key[:, -1], 2**62)
-    keys = torch.where(eligible & (keys <= ceiling[:, None, None]), keys, 2**62).reshape(units, docs * tokens)
-    kth = keys.topk(min(size, keys.shape[1]), dim=1, largest=False).values[:, -1]
-    take = (keys <= kth[:, None]) & (keys < 2**62)
-    unit, index = take.nonzero(as_tuple=True)
+    unit, index, key = _math.smallest_keys(place, offsets, eligible.reshape(units, -1), ceiling, slots.value.shape[1])
     row, position = index // tokens, index % tokens
     return Candidates(
-        group=group[unit],
+        group=unit,
         unit=unit,
         row=row,
         value=batch.acts[unit, row, position],
-        key=keys[unit, index],
+        key=key,
         document=batch.documents[row],
         position=position,
     )
@@ -152,24 +147,39 @@ class FirstPass:
             self.nan_at = sorted([*self.nan_at, *found])[:NAN_PLACES]
         top = top_candidates(batch, self.top, valid, k, gap)
         self.top = _examples.merge(self.top, top, "value", batch_context(batch, top, left, self.top))
-        keys = _math.keys(seed, torch.arange(units), batch.documents, torch.arange(acts.shape[2]))
-        quiet = sample_candidates(batch, self.quiet, valid & (acts <= 0), keys, torch.arange(units))
+        quiet = quiet_candidates(batch, self.quiet, valid & (acts <= 0), seed)
         self.quiet = _examples.merge(self.quiet, quiet, "key", batch_context(batch, quiet, left, self.quiet))
-        self.count += valid.sum((1, 2))
-        self.nonzero += (valid & (acts != 0)).sum((1, 2))
+        count = valid.sum((1, 2))
+        unit, place = (valid & (acts != 0)).reshape(units, -1).nonzero(as_tuple=True)
+        value = acts.reshape(units, -1)[unit, place]
+        nonzero = torch.bincount(unit, minlength=units)
+        self.count += count
+        self.nonzero += nonzero
         self.max = torch.maximum(self.max, torch.where(valid, acts, _math.NEG).amax((1, 2)))
         self.min = torch.minimum(self.min, torch.where(valid, acts, float("inf")).amin((1, 2)))
-        unit = torch.arange(units)[:, None, None].expand_as(acts)[valid]
-        self.sketch += torch.bincount(
-            unit * _math.BUCKETS + _math.bucket(acts[valid]), minlength=units * _math.BUCKETS
-        ).reshape(units, _math.BUCKETS)
-        flat = acts.reshape(units, -1)
-        self.blocks = _math.fold_blocks([*self.blocks, (batch.index, 1, _math.moments(flat, valid.reshape(units, -1)))])
+        self.sketch += _math.sketch_counts(unit, value, count - nonzero)
+        self.blocks = _math.fold_blocks([*self.blocks, (batch.index, 1, _math.entry_moments(unit, value, count))])
         if self.gram is not None and self.sums is not None and self.paired is not None:
-            chosen = torch.where(valid, acts, 0.0)[self.paired]
-            gram, sums = _math.coactivation(chosen.reshape(len(self.paired), -1))
+            self._coactivation(acts, valid, unit, place, value)
+
+    def _coactivation(
+        self, acts: torch.Tensor, valid: torch.Tensor, unit: torch.Tensor, place: torch.Tensor, value: torch.Tensor
+    ) -> None:
+        """Add this batch's co-activation sums of the paired units: from the non-zero entries, or dense."""
+        assert self.paired is not None
+        assert self.gram is not None
+        assert self.sums is not None
+        row = torch.full((acts.shape[0],), -1, dtype=torch.long)
+        row[self.paired] = torch.arange(len(self.paired))
+        mine = row[unit] >= 0
+        sparse = _math.entry_coactivation(row[unit][mine], place[mine], value[mine], len(self.paired))
+        if sparse is not None:
+            index, product, sums = sparse
+            self.gram.view(-1).index_add_(0, index, product)
+        else:
+            gram, sums = _math.coactivation(torch.where(valid, acts, 0.0)[self.paired].reshape(len(self.paired), -1))
             self.gram += gram
-            self.sums += sums
+        self.sums += sums
 
     def merge(self, other: FirstPass) -> FirstPass:
         """Two disjoint parts of one run as one (the same bits as one process, whatever the split)."""

@@ -92,12 +92,26 @@ def group_rank(group: torch.Tensor) -> torch.Tensor:
 _P = 2_147_483_647  # 2^31 - 1: every product below stays under 2^62
 
 
+def place_keys(seed: int, documents: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+    """``(len(documents), len(positions))`` pseudo-random keys in ``[0, 2^31 - 1)`` of the places (one per token)."""
+    start = torch.tensor((seed * 2_654_435 + 97) % _P)
+    return _mix(_mix(start, documents[:, None], 69_621), positions[None, :], 16_807)
+
+
+def unit_offsets(seed: int, units: torch.Tensor) -> torch.Tensor:
+    """``(len(units),)`` each unit's pseudo-random offset in ``[0, 2^31 - 1)``, added to the places' keys."""
+    return _mix(torch.tensor((seed * 2_654_435 + 97) % _P), units, 48_271)
+
+
 def keys(seed: int, units: torch.Tensor, documents: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
     """``(len(units), len(documents), len(positions))`` pseudo-random keys in ``[0, 2^31 - 1)``, the same anywhere.
 
     Keeping the smallest keys of a set is a uniform sample of it without replacement that any split of the data
     merges to exactly (bottom-k sampling), so band samples and non-activating examples depend neither on the
-    batches, nor on shards or resumes.
+    batches, nor on shards or resumes. A unit's key of a place is the place's key plus the unit's offset, modulo
+    ``2^31 - 1``: for each unit the keys are as random as the places' keys, and the smallest keys of a batch are found
+    for every unit from one sort of its places (:func:`smallest_keys`); units with different offsets draw different
+    places.
 
     Example:
         >>> a = keys(0, torch.tensor([1]), torch.tensor([2]), torch.tensor([3, 4]))
@@ -105,10 +119,7 @@ def keys(seed: int, units: torch.Tensor, documents: torch.Tensor, positions: tor
         ...     torch.tensor([2]), torch.tensor([3, 4]))))
         (torch.Size([1, 1, 2]), True, True)
     """
-    start = torch.tensor((seed * 2_654_435 + 97) % _P)
-    place = _mix(_mix(start, documents[:, None], 69_621), positions[None, :], 16_807)  # (documents, positions)
-    unit = _mix(start, units, 48_271)  # (units,)
-    return _mix(place[None], unit[:, None, None], 48_271)
+    return (place_keys(seed, documents, positions)[None] + unit_offsets(seed, units)[:, None, None]) % _P
 
 
 def keys_at(seed: int, unit: torch.Tensor, document: torch.Tensor, position: torch.Tensor) -> torch.Tensor:
@@ -121,7 +132,76 @@ def keys_at(seed: int, unit: torch.Tensor, document: torch.Tensor, position: tor
     """
     start = torch.tensor((seed * 2_654_435 + 97) % _P)
     place = _mix(_mix(start, document, 69_621), position, 16_807)
-    return _mix(place, _mix(start, unit, 48_271), 48_271)
+    return (place + unit_offsets(seed, unit)) % _P
+
+
+def smallest_keys(
+    place: torch.Tensor, offsets: torch.Tensor, eligible: torch.Tensor, ceiling: torch.Tensor, size: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Per unit, the eligible places with the ``size`` smallest keys (all ties with the last kept) up to ``ceiling``.
+
+    A unit's keys are ``(place + offset) % P``: in the order of the sorted place keys, started at the first place
+    with ``place >= P - offset`` and wrapped around, they ascend. So each unit reads a window of the sorted places
+    from its own start; a unit whose window holds too few eligible places reads all of them.
+
+    Args:
+        place: ``(places,)`` the places' keys.
+        offsets: ``(units,)`` the units' offsets.
+        eligible: ``(units, places)`` bool.
+        ceiling: ``(units,)`` only keys up to it are wanted.
+        size: places wanted per unit.
+
+    Returns:
+        ``(unit, place, key)`` of the chosen entries.
+
+    Example:
+        >>> place, offsets = torch.tensor([5, 1, 9, 3]), torch.tensor([0, _P - 4])
+        >>> unit, index, key = smallest_keys(place, offsets, torch.ones(2, 4, dtype=torch.bool),
+        ...                                  torch.tensor([2**62, 2**62]), 2)
+        >>> unit.tolist(), index.tolist(), key.tolist()
+        ([0, 0, 1, 1], [1, 3, 0, 2], [1, 3, 1, 5])
+    """
+    n = len(place)
+    ordered, order = place.sort(stable=True)
+    start = torch.searchsorted(ordered, _P - offsets)
+    chosen = _window(ordered, order, offsets, eligible, ceiling, start, torch.arange(len(offsets)), size, 4 * size + 28)
+    unit, index, key, short = chosen
+    if len(short):  # too few in the window (or ties past its end): those units read every place
+        again = _window(ordered, order, offsets, eligible, ceiling, start, short, size, n)
+        keep = ~torch.isin(unit, short)
+        unit, index, key = (torch.cat([a[keep], b]) for a, b in zip((unit, index, key), again[:3], strict=True))
+        by_unit = torch.argsort(unit, stable=True)
+        unit, index, key = unit[by_unit], index[by_unit], key[by_unit]
+    return unit, index, key
+
+
+def _window(
+    ordered: torch.Tensor,
+    order: torch.Tensor,
+    offsets: torch.Tensor,
+    eligible: torch.Tensor,
+    ceiling: torch.Tensor,
+    start: torch.Tensor,
+    units: torch.Tensor,
+    size: int,
+    width: int,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """:func:`smallest_keys` over ``width`` places from each unit's start; also the units it could not decide."""
+    n = len(ordered)
+    width = min(width, n)
+    steps = (start[units, None] + torch.arange(width)) % n
+    index = order[steps]
+    key = (ordered[steps] + offsets[units, None]) % _P
+    ok = eligible[units].gather(1, index) & (key <= ceiling[units, None])
+    rank = ok.cumsum(1)
+    enough = rank[:, -1] >= size
+    kth = key.gather(1, (rank >= size).to(torch.uint8).argmax(1, keepdim=True))
+    take = ok & (~enough[:, None] | (key <= kth))
+    last = key[:, -1]  # the window's largest key: past it, places may still be eligible, or tie with the kth
+    more = torch.where(enough, last <= kth.squeeze(1), last <= ceiling[units])
+    undecided = more if width < n else torch.zeros_like(enough)
+    row, column = take.nonzero(as_tuple=True)
+    return units[row], index[row, column], key[row, column], units[undecided]
 
 
 def _mix(h: torch.Tensor, part: torch.Tensor, multiplier: int) -> torch.Tensor:
@@ -151,6 +231,35 @@ def moments(x: torch.Tensor, included: torch.Tensor) -> torch.Tensor:
     d = torch.where(included, x - mean[:, None], 0.0)
     d2 = d * d
     return torch.stack([count, mean, d2.sum(1), (d2 * d).sum(1), (d2 * d2).sum(1)])
+
+
+def entry_moments(unit: torch.Tensor, value: torch.Tensor, count: torch.Tensor) -> torch.Tensor:
+    """:func:`moments` from the non-zero values alone: ``count - (their number)`` zeros make up the rest.
+
+    Args:
+        unit: ``(entries,)`` each value's unit.
+        value: ``(entries,)`` the non-zero values.
+        count: ``(units,)`` how many values each unit has in all (zeros included).
+
+    Example:
+        >>> m = entry_moments(torch.tensor([0, 0, 0]), torch.tensor([1.0, 2.0, 6.0]), torch.tensor([4]))
+        >>> bool(torch.allclose(m, moments(torch.tensor([[1.0, 2.0, 0.0, 6.0]]), torch.ones(1, 4, dtype=torch.bool))))
+        True
+    """
+    n = count.double()
+    x = value.double()
+    zeros = n - torch.bincount(unit, minlength=len(count)).double()
+    mean = torch.zeros_like(n).index_add_(0, unit, x) / n.clamp(min=1)
+    d = x - mean[unit]
+    d2 = d * d
+
+    def total(v: torch.Tensor) -> torch.Tensor:
+        return torch.zeros_like(n).index_add_(0, unit, v)
+
+    m2 = total(d2) + zeros * mean**2
+    m3 = total(d2 * d) - zeros * mean**3
+    m4 = total(d2 * d2) + zeros * mean**4
+    return torch.stack([n, mean, m2, m3, m4])
 
 
 def merge_moments(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
@@ -282,6 +391,14 @@ def sketch_quantile(counts: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
     return torch.where(total > 0, values, math.nan)
 
 
+def sketch_counts(unit: torch.Tensor, value: torch.Tensor, zeros: torch.Tensor) -> torch.Tensor:
+    """``(units, BUCKETS)`` the sketch of the non-zero ``value`` of each ``unit`` and of ``zeros`` zeros per unit."""
+    units = len(zeros)
+    counts = torch.bincount(unit * BUCKETS + bucket(value), minlength=units * BUCKETS).reshape(units, BUCKETS)
+    counts[:, SIDE] += zeros
+    return counts
+
+
 def rank_error(counts: torch.Tensor) -> torch.Tensor:
     """``(units,)``: the bound on the rank error (a fraction of the values) of any quantile the sketch answers.
 
@@ -299,6 +416,8 @@ def rank_error(counts: torch.Tensor) -> torch.Tensor:
 QUANTUM = 12
 """Activations enter the co-activation sums rounded to steps of ``2^-QUANTUM``, clamped to ``+-2^(20 - QUANTUM)``."""
 _LIMIT = 2.0**20
+MAX_PAIRS = 2**25
+"""Above this many pairs of non-zero entries in one batch, co-activation sums are taken densely."""
 
 
 def coactivation(acts: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -324,6 +443,38 @@ def coactivation(acts: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
             product = chunk @ chunk.T
         gram += product.long()
     return gram, q.sum(1).long()
+
+
+def entry_coactivation(
+    row: torch.Tensor, column: torch.Tensor, value: torch.Tensor, units: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
+    """:func:`coactivation` of the non-zero entries ``(row, column, value)`` of a ``(units, columns)`` matrix.
+
+    Every pair of entries of one column gives its product (integers of ``2^-QUANTUM`` steps, exact in int64).
+
+    Returns:
+        ``(index, product, sums)``: the products to add at ``index`` of the flattened ``(units, units)`` gram matrix,
+        and the sums; ``None`` where the pairs would be more than :data:`MAX_PAIRS` (a dense matrix, see
+        :func:`coactivation`).
+
+    Example:
+        >>> index, product, sums = entry_coactivation(torch.tensor([0, 0, 1]), torch.tensor([0, 2, 0]),
+        ...                                           torch.tensor([1.0, 2.0, 0.5]), 2)
+        >>> gram = torch.zeros(4, dtype=torch.long).index_add_(0, index, product).reshape(2, 2)
+        >>> (gram.double() / 4**QUANTUM).tolist(), (sums.double() / 2**QUANTUM).tolist()
+        ([[5.0, 0.5], [0.5, 0.25]], [3.0, 0.5])
+    """
+    q = torch.round(value.double() * 2**QUANTUM).clamp(-_LIMIT, _LIMIT).long()
+    by_column = torch.argsort(column, stable=True)
+    row, column, q = row[by_column], column[by_column], q[by_column]
+    size = torch.bincount(column)[column]  # the entries of each entry's column
+    if int(size.sum()) > MAX_PAIRS:
+        return None
+    first = torch.arange(len(column)) - group_rank(column)  # where each entry's column starts
+    left = torch.repeat_interleave(torch.arange(len(column)), size)
+    right = first[left] + torch.arange(len(left)) - torch.repeat_interleave(torch.cumsum(size, 0) - size, size)
+    sums = torch.zeros(units, dtype=torch.long).index_add_(0, row, q)
+    return row[left] * units + row[right], q[left] * q[right], sums
 
 
 def correlation(gram: torch.Tensor, sums: torch.Tensor, count: int, rows: torch.Tensor | None = None) -> torch.Tensor:
