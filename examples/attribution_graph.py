@@ -156,5 +156,6 @@ if __name__ == "__main__":
     parser.add_argument("--out", type=Path, default=Path("out"))
     parser.add_argument("--max-nodes", type=int, default=300)
     parser.add_argument("--sequences", type=int, default=64, help="docstring sequences the graphs' neurons are read on")
+    parser.add_argument("--threads", type=int, default=2)
     args = parser.parse_args()
-    main(args.out, args.max_nodes, sequences=args.sequences)
+    main(args.out, args.max_nodes, threads=args.threads, sequences=args.sequences)

@@ -12,7 +12,7 @@ Grad-CAM pass (their maps change), Guided Backprop and Guided Grad-CAM fail (the
 
 Pixel maps are shown, and compared, as the absolute attribution summed over the colour channels.
 
-Run: python examples/gradients_demo.py [--out out/]
+Run: python examples/gradients_demo.py [--out out/] [--photos N] [--threads 2]
 """
 
 from __future__ import annotations
@@ -110,12 +110,12 @@ def sanity_plot(results: dict, path: Path) -> None:
     plt.close(fig)
 
 
-def main(out: Path) -> None:
-    torch.set_num_threads(2)
+def main(out: Path, photos: int | None = None, threads: int = 2) -> None:
+    torch.set_num_threads(threads)
     start = time.perf_counter()
     out.mkdir(parents=True, exist_ok=True)
     model = load_efficientnet_lite0()
-    names = list(PHOTOS) if importlib.util.find_spec("skimage") else ["grace_hopper"]
+    names = (list(PHOTOS) if importlib.util.find_spec("skimage") else ["grace_hopper"])[:photos]
     images = torch.stack([preprocess(photo(name)) for name in names])
     with torch.no_grad():
         classes = model(images).argmax(dim=1).tolist()
@@ -140,4 +140,7 @@ def main(out: Path) -> None:
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", type=Path, default=Path("out"))
-    main(parser.parse_args().out)
+    parser.add_argument("--photos", type=int, default=None, help="the first N photos (default: all)")
+    parser.add_argument("--threads", type=int, default=2)
+    args = parser.parse_args()
+    main(args.out, args.photos, args.threads)

@@ -134,8 +134,8 @@ def language_part(prompts: int, samples: int) -> None:
     print("mean ShapleyValueSampling per position: " + ", ".join(f"{v:+.2f}" for v in top.tolist()))
 
 
-def main(out: Path, photos: int, masks: int, coalitions: int, prompts: int, samples: int) -> None:
-    torch.set_num_threads(2)
+def main(out: Path, photos: int, masks: int, coalitions: int, prompts: int, samples: int, threads: int = 2) -> None:
+    torch.set_num_threads(threads)
     out.mkdir(parents=True, exist_ok=True)
     start = time.perf_counter()
     images_part(out, photos, masks, coalitions)
@@ -151,5 +151,6 @@ if __name__ == "__main__":
     parser.add_argument("--coalitions", type=int, default=150)
     parser.add_argument("--prompts", type=int, default=20)
     parser.add_argument("--samples", type=int, default=2)
+    parser.add_argument("--threads", type=int, default=2)
     args = parser.parse_args()
-    main(args.out, args.photos, args.masks, args.coalitions, args.prompts, args.samples)
+    main(args.out, args.photos, args.masks, args.coalitions, args.prompts, args.samples, args.threads)

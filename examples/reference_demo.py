@@ -85,8 +85,8 @@ def captum_miss(model: torch.nn.Module, images: torch.Tensor, classes: list[int]
     return ", ".join(f"{v:.1%}" for v in (delta.abs() / gain.abs()).tolist())
 
 
-def main(out: Path) -> None:
-    torch.set_num_threads(2)
+def main(out: Path, threads: int = 2) -> None:
+    torch.set_num_threads(threads)
     start = time.perf_counter()
     out.mkdir(parents=True, exist_ok=True)
     model = load_efficientnet_lite0()
@@ -118,4 +118,6 @@ def main(out: Path) -> None:
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", type=Path, default=Path("out"))
-    main(parser.parse_args().out)
+    parser.add_argument("--threads", type=int, default=2)
+    args = parser.parse_args()
+    main(args.out, args.threads)

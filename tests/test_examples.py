@@ -45,6 +45,7 @@ SHORTER = {  # the same code paths with less of the work the documented run does
     "features_smollm2.py": ["--sequences", "16", "--passes", "1", "--explain", "1"],
     "attribution_graph.py": ["--max-nodes", "100", "--sequences", "16"],
     "perturbation_demo.py": "--photos 1 --masks 40 --coalitions 20 --prompts 2 --samples 1".split(),
+    "gradients_demo.py": ["--photos", "1"],
 }
 
 
