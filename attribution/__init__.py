@@ -40,7 +40,7 @@ from .dictionaries import (
     steer,
     train_dictionary,
 )
-from .features import Directions, Features, Neurons, UnitReport, dashboard, explain, feature_statistics, score
+from .features import Directions, Features, Heads, Neurons, UnitReport, dashboard, explain, feature_statistics, score
 from .generation import GenerationAttribution, attribute_generation
 from .gradients import (
     Deconvolution,
@@ -106,6 +106,7 @@ __all__ = [
     "KernelSHAP",
     "LIME",
     "LRP",
+    "Heads",
     "LayerCAM",
     "Neurons",
     "Occlusion",

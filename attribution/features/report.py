@@ -69,9 +69,10 @@ class UnitReport:
         return len(self.labels)
 
     def find(self, kind: str, layer: int | None, index: int, module: str | None = None) -> int | None:
-        """The number of the unit that is neuron/feature/direction ``index`` of ``layer`` (or of ``module``).
+        """The number of the unit that is neuron/head/feature/direction ``index`` of ``layer`` (or of ``module``).
 
-        ``kind`` is ``"neuron"``, ``"feature"`` or ``"direction"``; ``None`` where the report has no such unit.
+        ``kind`` is ``"neuron"``, ``"head"``, ``"feature"`` or ``"direction"``; ``None`` where the report has no such
+        unit.
         """
         first = 0
         for source in self.sources:

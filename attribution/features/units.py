@@ -1,4 +1,4 @@
-"""The units whose meaning is read: MLP neurons, dictionary features and directions, in one spelling.
+"""The units whose meaning is read: MLP neurons, attention heads, dictionary features and directions, in one spelling.
 
 Each kind says where its activations are read (a module's output or input), how they are computed from the site's
 tensor, and which vector each unit writes into the residual stream (for logit effects and neighbours by cosine).
@@ -108,6 +108,68 @@ class Neurons:
 
 
 @dataclass(frozen=True)
+class Heads:
+    """The attention heads of one layer of a language model: each head's activation is the size of what it writes.
+
+    A head's output at a position is its slice ``z_h`` of the attention output projection's input (``head_dim``
+    values) times its columns ``W_O[:, h]`` of that projection: the vector it adds to the residual stream (the
+    projection's bias belongs to no head). The unit's activation is that vector's L2 norm, so it is never negative and
+    its top examples are the positions where the head writes most. A head writes a subspace, not one direction, so it
+    has no logit effects; read a direction it writes with :class:`Directions`.
+
+    Args:
+        layer: the decoder layer's index (negative counts from the end).
+        indices: the (query) heads to read (default: all of them), in this order.
+
+    Example:
+        >>> Heads(2, indices=[0, 5])
+        Heads(layer=2, indices=(0, 5))
+    """
+
+    layer: int
+    indices: Sequence[int] | None = None
+
+    def __post_init__(self) -> None:
+        if self.indices is not None:
+            object.__setattr__(self, "indices", tuple(int(i) for i in self.indices))
+
+    def bind(self, model: nn.Module) -> Bound:
+        """Where the heads are in ``model`` (through :func:`attribution.models.lm_layout`)."""
+        layout = lm_layout(model)
+        if not -len(layout.layers) <= self.layer < len(layout.layers):
+            raise ValueError(
+                f"`layer` {self.layer} is not a layer of the model: it has {len(layout.layers)} layers "
+                f"(0 to {len(layout.layers) - 1})"
+            )
+        layer = layout.layers[self.layer]
+        name = layer.attention.out_proj
+        out = linear(model.get_submodule(name), device=torch.device("cpu"))[0].detach().float()  # (d_model, h * d)
+        n, size = layout.n_heads, layout.head_dim
+        if out.shape[1] != n * size:
+            raise ValueError(
+                f"{name!r} reads {out.shape[1]} values, not {n} heads x {size}: give the model's head layout to "
+                "attribution.models.lm_layout, or read the heads' outputs with Directions"
+            )
+        chosen = _indices(self.indices, n, "Heads")
+        blocks = out.T.reshape(n, size, -1)[chosen]  # (heads, head_dim, d_model)
+
+        def encode(x: torch.Tensor) -> torch.Tensor:
+            z = x.reshape(*x.shape[:-1], n, size)[..., chosen.to(x.device), :].float()
+            return torch.einsum("...hk,hkd->...hd", z, blocks.to(x.device)).norm(dim=-1)
+
+        return Bound(
+            module=name,
+            side="input",
+            width=len(chosen),
+            labels=[f"L{layer.index}/H{int(i)}" for i in chosen],
+            encode=encode,
+            writes=None,
+            identity=f"Heads({name}, {chosen.tolist()}, {_digest(out)})",
+            source=_source("head", name, "input", layer.index, chosen),
+        )
+
+
+@dataclass(frozen=True)
 class Features:
     """The features of a sparse dictionary (:class:`~attribution.SAE` or :class:`~attribution.Transcoder`).
 
@@ -209,7 +271,7 @@ class Directions:
         )
 
 
-Units = Neurons | Features | Directions
+Units = Neurons | Heads | Features | Directions
 
 
 def _source(kind: str, module: str, side: str, layer: int | None, indices: torch.Tensor) -> dict[str, object]:
@@ -249,10 +311,10 @@ def _shape(x: object) -> str:
 
 def bind_all(model: nn.Module, units: Units | Sequence[Units]) -> list[Bound]:
     """Each unit kind bound to ``model``; a list of kinds numbers its units one after the other."""
-    kinds = [units] if isinstance(units, (Neurons, Features, Directions)) else list(units)
-    if not kinds or not all(isinstance(u, (Neurons, Features, Directions)) for u in kinds):
+    kinds = [units] if isinstance(units, (Neurons, Heads, Features, Directions)) else list(units)
+    if not kinds or not all(isinstance(u, (Neurons, Heads, Features, Directions)) for u in kinds):
         raise TypeError(
-            "`units` must be Neurons(layer), Features(dictionary, site) or Directions(vectors, site), or a list of "
-            f"them; got {type(units).__name__}"
+            "`units` must be Neurons(layer), Heads(layer), Features(dictionary, site) or Directions(vectors, site), "
+            f"or a list of them; got {type(units).__name__}"
         )
     return [u.bind(model) for u in kinds]

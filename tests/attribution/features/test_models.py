@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from attribution import SAE, Transcoder
-from attribution.features import Directions, Features, Neurons, feature_statistics
+from attribution.features import Directions, Features, Heads, Neurons, feature_statistics
 from tests.attribution.models import lm64, tiny_llama
 
 from .conftest import brute_top
@@ -47,6 +47,36 @@ def test_neurons_top_examples_equal_those_found_with_hand_written_hooks(kind, si
         assert [(e.value, e.document, e.position) for e in report.top(u)] == expected[u]
     assert report.labels == ["L1/N5", "L1/N0", "L1/N17"]
     assert report.find("neuron", 1, 17) == 2 and report.find("neuron", 0, 17) is None
+
+
+@pytest.mark.parametrize(("kind", "site"), [("llama", "model.layers.1.self_attn.o_proj"),
+                                            ("gpt2", "transformer.h.1.attn.c_proj")])  # fmt: skip
+def test_heads_read_the_norm_of_what_each_head_writes_by_hand(kind, site):
+    """A head's activation: the norm of its slice of the output projection's input times its columns, by hand."""
+    model = lm64(kind)
+    ids = torch.randint(1, 40, (9, 10), generator=torch.Generator().manual_seed(5))
+    report = feature_statistics(model, ids, Heads(1, indices=[3, 0]), k=4, bands=2, context=(1, 1),
+                                batch_size=4, progress=False)  # fmt: skip
+    z = _by_hand(model, site, ids, "input")  # (docs, tokens, heads * head_dim)
+    module = model.get_submodule(site)
+    w = (module.weight.detach().T if kind == "gpt2" else module.weight.detach()).float()  # (d_model, h * size)
+    heads = model.config.num_attention_heads
+    size = z.shape[-1] // heads
+    acts = torch.stack([(z[..., h * size : (h + 1) * size] @ w[:, h * size : (h + 1) * size].T).norm(dim=-1)
+                        for h in (3, 0)], dim=-1)  # fmt: skip
+    special = torch.tensor([i for i in (model.config.bos_token_id, model.config.eos_token_id) if i is not None])
+    included = ~torch.isin(ids, special)
+    expected = brute_top(acts, included, 4, 3)
+    for u in range(2):
+        got = [(e.value, e.document, e.position) for e in report.top(u)]
+        assert [(d, p) for _, d, p in got] == [(d, p) for _, d, p in expected[u]]
+        assert [v for v, _, _ in got] == pytest.approx([v for v, _, _ in expected[u]], rel=1e-5)
+    assert report.labels == ["L1/H3", "L1/H0"]
+    assert report.find("head", 1, 0) == 1
+    with pytest.raises(ValueError, match="no logit effects"):
+        report.logit_effects(0)
+    with pytest.raises(ValueError, match="in \\[0, 4\\)"):
+        Heads(1, indices=[4]).bind(model)
 
 
 def test_a_dictionary_with_a_duplicated_feature_finds_its_twin_with_correlation_one():
