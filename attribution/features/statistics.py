@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 from torch import nn
 from torch.utils.data import DataLoader
@@ -79,8 +80,10 @@ def feature_statistics(
 
     Args:
         model: a language model taking token ids ``(batch, tokens)`` (left as found).
-        tokens: documents of token ids: a ``(documents, tokens)`` tensor, or a DataLoader (or other iterable) of
-            such tensors or of dicts with ``input_ids`` (and ``attention_mask``).
+        tokens: documents of token ids: a ``(documents, tokens)`` tensor; a store of documents that slices into
+            such rows (a memory-mapped NumPy array, an HF dataset with ``input_ids``), read ``batch_size`` documents
+            at a time, so that only one batch is in memory; or a DataLoader (or other iterable) of such tensors or of
+            dicts with ``input_ids`` (and ``attention_mask``).
         units: :class:`Neurons`, :class:`Features`, :class:`Directions`, or a list of them (numbered in turn).
         tokenizer: turns ids into text in dashboards and exports (kept in the report); its BOS/EOS/pad ids (else the
             model config's) are left out of every statistic.
@@ -280,6 +283,13 @@ class _Source:
             self.identity = f"tensor {tuple(tokens.shape)} {tensor_digest(tokens)}"
             self.count: int | None = -(-tokens.shape[0] // batch_size)
             self.documents = tokens.shape[0]
+        elif _rows(tokens):
+            if len(tokens) == 0:
+                raise ValueError("`tokens` holds no documents: give at least one")
+            self.batch_size = batch_size
+            self.identity = f"{type(tokens).__name__} of {len(tokens)} documents (checked as read)"
+            self.count = -(-len(tokens) // batch_size)
+            self.documents = len(tokens)
         elif isinstance(tokens, Iterable) and not isinstance(tokens, (str, bytes, dict)):
             self.batch_size = None
             self.identity = "batches (checked as read)"
@@ -304,6 +314,11 @@ class _Source:
                 ids = self.tokens[start : start + self.batch_size]
                 yield start, ids, ids, None
             return
+        if _rows(self.tokens) and self.batch_size is not None:
+            for start in range(0, len(self.tokens), self.batch_size):
+                ids, inputs, mask = _one_batch(_as_tensors(self.tokens[start : start + self.batch_size]))
+                yield start, ids, inputs, mask
+            return
         first = 0
         for item in self.tokens:
             ids, inputs, mask = _one_batch(item)
@@ -312,6 +327,23 @@ class _Source:
         self.documents = first
         if not first:
             raise ValueError("`tokens` gave no batches: give at least one document")
+
+
+def _rows(tokens: Any) -> bool:
+    """Whether ``tokens`` is a sliceable store of documents rather than batches.
+
+    A memory-mapped array (token ids written once by a tokenizing step), an HF dataset: ``tokens[i:j]`` gives the
+    rows, as an array or a dict with ``input_ids``.
+    """
+    sliceable = hasattr(tokens, "__len__") and hasattr(tokens, "__getitem__")
+    return sliceable and not isinstance(tokens, (torch.Tensor, DataLoader, list, tuple, str, bytes, dict))
+
+
+def _as_tensors(rows: Any) -> Any:
+    """A slice of a store of documents as a tensor, or a dict of tensors (``input_ids``, ``attention_mask``)."""
+    if isinstance(rows, dict):
+        return {name: _as_tensors(value) for name, value in rows.items() if name in ("input_ids", "attention_mask")}
+    return rows if isinstance(rows, torch.Tensor) else torch.from_numpy(np.array(rows))  # a copy of the slice
 
 
 def _one_batch(item: Any) -> tuple[torch.Tensor, Any, torch.Tensor | None]:
