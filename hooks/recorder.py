@@ -67,8 +67,10 @@ class Recording(Mapping[tuple[str, int], Record]):
         >>> import torch
         >>> from hooks import Recorder
         >>> model = torch.nn.Sequential(torch.nn.Linear(3, 3), torch.nn.ReLU(inplace=True))
+        >>> with torch.no_grad():
+        ...     _ = model[0].weight.copy_(torch.eye(3))
         >>> with Recorder(model, "0") as rec:
-        ...     y = model(torch.randn(2, 3))
+        ...     y = model(torch.tensor([[1.0, -2.0, 3.0]]) - model[0].bias)
         >>> bool((rec["0"].output >= 0).all())  # recorded before the in-place ReLU ran
         False
         >>> rec["0"].samples, list(rec)
