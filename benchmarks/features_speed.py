@@ -17,9 +17,12 @@ forward, k = 20 top examples per feature, on the CPU with 2 threads. Each measur
 1. Ours and the floor, interleaved in one process (median of ``--rounds``): ``feature_statistics(model, tokens,
    Features(sae, site), k=20, bands=10 | 0, batch_size=32, progress=False)`` (two passes with bands, one without;
    co-activation sums on, its default for dictionary features) against the forward passes it needs: the whole
-   model, the model stopped after the site (as ours stops: a hook raises), and that plus the SAE's encode.
+   model, the model stopped after the site (as ours stops: a hook raises), and that plus the SAE's encode. Also with
+   ``cache=`` a temporary folder: the first pass keeps the site's tensors on disk and the second reads them, so the
+   model runs once.
 2. Peak memory, each size in a fresh process: VmHWM of ``/proc/self/status``, reset (``/proc/self/clear_refs``)
-   after the model, tokens and SAE are loaded, so that it is the peak of the call; the RSS before the call is given.
+   after the model, tokens and SAE are loaded, so that it is the peak of the call; the RSS before the call is given;
+   with bands=10, without and with ``cache=``.
 3. SAEDashboard (its own venv): ``SaeVisRunner.run`` as its ``NeuronpediaRunner`` calls it, minus the loading from
    the Hub and the JSON written after each batch: features in batches of 128, 32 sequences per forward, its
    activation cache (``cache_dir``, emptied first, so the forwards are timed), top 20 + 5 quantile groups of 5,
@@ -123,10 +126,14 @@ def measured(fn: Any) -> dict[str, float]:
     return {"seconds": seconds, "rss_before": before, "peak": _status("VmHWM")}
 
 
-def ours(model: Any, tokens: torch.Tensor, sae: Any, bands: int) -> Any:
+def ours(model: Any, tokens: torch.Tensor, sae: Any, bands: int, cache: bool = False) -> Any:
+    import tempfile
+
     from attribution.features import Features, feature_statistics
 
-    return feature_statistics(model, tokens, Features(sae, SITE), k=K, bands=bands, batch_size=BATCH, progress=False)
+    with tempfile.TemporaryDirectory(prefix="features-cache-") as folder:
+        return feature_statistics(model, tokens, Features(sae, SITE), k=K, bands=bands, batch_size=BATCH,
+                                  cache=folder if cache else None, progress=False)  # fmt: skip
 
 
 class _Stop(Exception):
@@ -166,15 +173,16 @@ def job_time(work: Path, sequences: int, rounds: int) -> dict[str, Any]:
         "forward to layer 15": lambda: forwards(model, tokens),
         "ours, bands=0 (1 pass)": lambda: ours(model, tokens, sae, 0),
         "ours, bands=10 (2 passes)": lambda: ours(model, tokens, sae, 10),
+        "ours, bands=10, cache= (1 forward)": lambda: ours(model, tokens, sae, 10, cache=True),
     }
     seconds = interleaved(variants, rounds, warmup=0)  # each call takes tens of seconds: no warm-up round
     return {"sequences": sequences, "rounds": rounds, "seconds": seconds, "version": _our_version()}
 
 
-def job_memory(work: Path, sequences: int) -> dict[str, Any]:
-    """Ours with bands=10, once, in this fresh process."""
+def job_memory(work: Path, sequences: int, cache: bool = False) -> dict[str, Any]:
+    """Ours with bands=10 (and the site tensors cached on disk), once, in this fresh process."""
     model, _, tokens, sae = load(work, sequences)
-    return {**measured(lambda: ours(model, tokens, sae, 10)), "version": _our_version()}
+    return {**measured(lambda: ours(model, tokens, sae, 10, cache)), "version": _our_version()}
 
 
 def job_floor(work: Path, sequences: int) -> dict[str, Any]:
@@ -348,6 +356,7 @@ def main(args: argparse.Namespace) -> None:
         for n in args.sizes:
             jobs.append((f"floor {n}", sys.executable, ["--job", "floor", "--sequences", str(n)]))
             jobs.append((f"memory {n}", sys.executable, ["--job", "memory", "--sequences", str(n)]))
+            jobs.append((f"cached {n}", sys.executable, ["--job", "cached", "--sequences", str(n)]))
     for peer in ("saedashboard", "delphi"):
         if peer in args.only:
             python = str(args.venvs / VENVS[peer] / "bin" / "python")
@@ -373,15 +382,16 @@ def render(results: dict[str, Any], threads: int) -> str:
     n = timing.get("sequences", 0)
     floor1 = seconds.get("forward to layer 15")
     for name, value in seconds.items():
-        passes = 2 if "bands=10" in name else 1
+        passes = 2 if "2 passes" in name else 1
         ratio = f"{value / (passes * floor1):.2f}x floor" if floor1 and name.startswith("ours") else ""
         tokens = n * LENGTH
         rows.append([f"{name}, median", f"{tokens:,}", f"{value:.1f}", f"{tokens / value:,.0f}", ratio, "", ""])
     by_size: dict[str, dict[int, float]] = {}
     labels = {"floor": "forward to layer 15, fresh process", "memory": "ours, bands=10 (2 passes), fresh process",
+              "cached": "ours, bands=10, cache= (1 forward), fresh process",
               "saedashboard": "SAEDashboard SaeVisRunner (feature data)",
               "delphi": "delphi LatentCache (caching only)"}  # fmt: skip
-    order = ["floor", "memory", "saedashboard", "delphi"]
+    order = ["floor", "memory", "cached", "saedashboard", "delphi"]
     keyed = sorted((k for k in results if k != "time"), key=lambda k: (order.index(k.split()[0]), int(k.split()[1])))
     for key in keyed:
         r = results[key]
@@ -394,10 +404,11 @@ def render(results: dict[str, Any], threads: int) -> str:
         ratio = ""
         floor = by_size.get("floor", {}).get(sequences)
         mine = by_size.get("memory", {}).get(sequences)
-        if kind == "memory" and floor:
-            ratio = f"{r['seconds'] / (2 * floor):.2f}x floor"
+        cached = by_size.get("cached", {}).get(sequences)
+        if kind in ("memory", "cached") and floor:
+            ratio = f"{r['seconds'] / ((2 if kind == 'memory' else 1) * floor):.2f}x floor"
         elif kind in ("saedashboard", "delphi") and mine:
-            ratio = f"ours {r['seconds'] / mine:.2f}x"
+            ratio = f"ours {r['seconds'] / mine:.2f}x" + (f", {r['seconds'] / cached:.2f}x cached" if cached else "")
         peak = f"{r['peak']:,.0f} (+{r['peak'] - r['rss_before']:,.0f})"
         rows.append([labels[kind], f"{tokens:,}", f"{r['seconds']:.1f}", f"{tokens / r['seconds']:,.0f}", ratio, peak,
                      ""])  # fmt: skip
@@ -440,9 +451,8 @@ if __name__ == "__main__":
                         choices=["ours", "saedashboard", "delphi"])  # fmt: skip
     parser.add_argument("--write-inc", action="store_true", help="write docs/methods/features_speed.inc")
     parser.add_argument("--from-results", action="store_true", help="only render <work>/results.json")
-    parser.add_argument(
-        "--job", choices=["prepare", "time", "floor", "memory", "saedashboard", "delphi"], help=argparse.SUPPRESS
-    )
+    jobs = ["prepare", "time", "floor", "memory", "cached", "saedashboard", "delphi"]
+    parser.add_argument("--job", choices=jobs, help=argparse.SUPPRESS)
     parser.add_argument("--sequences", type=int, default=1024, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.job:
@@ -454,6 +464,7 @@ if __name__ == "__main__":
         else:
             fn = {"time": lambda: job_time(args.work, args.sequences, args.rounds),
                   "memory": lambda: job_memory(args.work, args.sequences),
+                  "cached": lambda: job_memory(args.work, args.sequences, cache=True),
                 "floor": lambda: job_floor(args.work, args.sequences),
                   "saedashboard": lambda: job_saedashboard(args.work, args.sequences),
                   "delphi": lambda: job_delphi(args.work, args.sequences)}[args.job]  # fmt: skip
