@@ -36,7 +36,7 @@ NEEDS = {  # rollout_demo skips MiniLM, metrics_demo the scikit-image photo, by 
 }
 
 SHORTER = {  # the same code paths with less of the work the documented run does
-    "circuits_ioi.py": ["--exact", "10", "--budgets", "100"],
+    "circuits_ioi.py": ["--exact", "3", "--budgets", "100"],
     "ioi_demo.py": ["--pairs", "2"],
     "lens_demo.py": ["--pairs", "2"],
     "generation_demo.py": ["--tokens", "8"],

@@ -95,20 +95,21 @@ class UnitReport:
 
     def _examples(self, slots: Slots, row: int) -> list[Example]:
         left = int(self.settings["context"][0])
+        documents, positions = slots.document[row].tolist(), slots.position[row].tolist()
+        values, tokens, acts = slots.value[row].tolist(), slots.tokens[row].tolist(), slots.acts[row].tolist()
         out = []
-        for s in range(slots.value.shape[1]):
-            if int(slots.document[row, s]) < 0:
+        for s, document in enumerate(documents):  # plain lists: a unit's examples are read thousands of times
+            if document < 0:
                 break
-            ids, acts = slots.tokens[row, s], slots.acts[row, s]
-            inside = ids >= 0
+            inside = [i >= 0 for i in tokens[s]]
             out.append(
                 Example(
-                    document=int(slots.document[row, s]),
-                    position=int(slots.position[row, s]),
-                    value=float(slots.value[row, s]),
-                    tokens=tuple(ids[inside].tolist()),
-                    activations=tuple(acts[inside].tolist()),
-                    offset=left - int((~inside[:left]).sum()),
+                    document=document,
+                    position=positions[s],
+                    value=values[s],
+                    tokens=tuple(t for t, keep in zip(tokens[s], inside, strict=True) if keep),
+                    activations=tuple(a for a, keep in zip(acts[s], inside, strict=True) if keep),
+                    offset=left - inside[:left].count(False),
                 )
             )
         return out
