@@ -12,9 +12,18 @@ from torch import nn
 from tests.support import TinyCNN
 
 matplotlib.use("Agg")
-torch.set_num_threads(min(2, os.cpu_count() or 1))
+# under pytest-xdist (the README's `-n 2`) each worker takes one core
+torch.set_num_threads(1 if os.environ.get("PYTEST_XDIST_WORKER") else min(2, os.cpu_count() or 1))
 
 collect_ignore_glob = ["data/*"]  # programs kept as data (TackleBox's scripts), not tests
+
+FIRST = ("tests/test_examples.py", "tests/test_docs.py")
+"""The longest files, run first: under ``--dist loadfile`` one worker takes them while the other runs the rest."""
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    rank = {name: i for i, name in enumerate(FIRST)}
+    items.sort(key=lambda item: rank.get(item.nodeid.split("::")[0], len(FIRST)))
 
 
 @pytest.fixture

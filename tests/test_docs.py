@@ -1,9 +1,10 @@
 """Every Python block of README.md and of docs/**/*.rst runs on its own, from the packages alone.
 
-The blocks of one page run in one fresh interpreter, each in a namespace of its own, in a working directory that is
+The blocks of one page run in one fresh process, each in a namespace of its own, in a working directory that is
 empty and with an import path that holds only the ``hooks`` and ``attribution`` packages of this checkout (as an
 installed distribution would): a block cannot lean on ``tests/``, on the examples, or on the names of an earlier
-block of its page.
+block of its page. The processes are forked from one interpreter that has imported torch, the two packages and the
+extras the blocks use, and nothing else (no block runs in it), so that each page does not pay the 3-7 s of imports.
 """
 
 from __future__ import annotations
@@ -11,8 +12,10 @@ from __future__ import annotations
 import json
 import os
 import re
+import select
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -90,25 +93,79 @@ def packages(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return folder
 
 
-RUNNER = """
-import json, sys, traceback
+ZYGOTE = """
+import json, os, sys, traceback
 
-blocks = json.load(open(sys.argv[1]))
-sys.argv = sys.argv[:1]  # a block run as a script sees no arguments
-for where, code in blocks:
+import torch, hooks, attribution  # imported once; nothing runs before a page's process is forked
+for extra in ("matplotlib.pyplot", "transformers", "timm"):
     try:
-        exec(compile(code, where, "exec"), {"__name__": "__main__"})  # a fresh namespace per block
-    except BaseException:
-        print(json.dumps({"where": where, "error": traceback.format_exc()[-3000:]}))
-        sys.exit(1)
+        __import__(extra)
+    except ImportError:
+        pass
+try:
+    import transformers
+    transformers.LlamaForCausalLM, transformers.GPT2LMHeadModel  # the lazy modules the blocks touch
+except ImportError:
+    pass
+print("ready", flush=True)
+for line in sys.stdin:
+    listing, cwd, out = json.loads(line)
+    pid = os.fork()
+    if pid == 0:
+        code = 0
+        try:
+            os.chdir(cwd)
+            for fd, name in ((1, "stdout"), (2, "stderr")):
+                os.dup2(os.open(os.path.join(out, name), os.O_WRONLY | os.O_CREAT | os.O_TRUNC), fd)
+            sys.argv = sys.argv[:1]  # a block run as a script sees no arguments
+            for where, block in json.load(open(listing)):
+                try:
+                    exec(compile(block, where, "exec"), {"__name__": "__main__"})  # a fresh namespace per block
+                except BaseException:
+                    print(json.dumps({"where": where, "error": traceback.format_exc()[-3000:]}))
+                    code = 1
+                    break
+        finally:
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    print(os.waitstatus_to_exitcode(status), flush=True)
 """
 
 PAGES = sorted({where.split(":")[0] for where, _ in BLOCKS})
 
 
+@pytest.fixture(scope="module")
+def zygote(packages: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[subprocess.Popen[str]]:
+    """The interpreter the pages' processes are forked from (the import path: the two packages only)."""
+    threads = "1" if os.environ.get("PYTEST_XDIST_WORKER") else "2"  # a core of its own under pytest-xdist
+    env = {**os.environ, "PYTHONPATH": str(packages), "MPLBACKEND": "Agg", "OMP_NUM_THREADS": threads}
+    cwd = tmp_path_factory.mktemp("zygote")
+    process = subprocess.Popen(
+        [sys.executable, "-c", ZYGOTE], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd=cwd, env=env
+    )
+    assert process.stdout is not None and process.stdout.readline().strip() == "ready"
+    yield process
+    process.kill()
+    process.wait()
+
+
+def _run_page(zygote: subprocess.Popen[str], listing: Path, cwd: Path) -> tuple[int, str, str]:
+    """Exit code, stdout and stderr of the page's blocks run in a process forked from the zygote."""
+    assert zygote.stdin is not None and zygote.stdout is not None
+    zygote.stdin.write(json.dumps([str(listing), str(cwd), str(listing.parent)]) + "\n")
+    zygote.stdin.flush()
+    if not select.select([zygote.stdout], [], [], 900)[0]:
+        zygote.kill()
+        pytest.fail(f"the blocks of {listing} ran for over 900 s")
+    code = int(zygote.stdout.readline())
+    return code, (listing.parent / "stdout").read_text(), (listing.parent / "stderr").read_text()
+
+
 @pytest.mark.parametrize("page", PAGES)
-def test_blocks_run_on_their_own(page: str, packages: Path, tmp_path: Path):
-    """The page's blocks, in order, in one fresh interpreter, each in a namespace of its own."""
+def test_blocks_run_on_their_own(page: str, zygote: subprocess.Popen[str], tmp_path: Path):
+    """The page's blocks, in order, in one fresh process, each in a namespace of its own."""
     blocks = [(where, code) for where, code in BLOCKS if where.split(":")[0] == page]
     for where, code in blocks:
         assert not re.search(r"^\s*(from|import) tests\b", code, re.MULTILINE), f"{where} imports from tests/"
@@ -117,11 +174,10 @@ def test_blocks_run_on_their_own(page: str, packages: Path, tmp_path: Path):
                 pytest.importorskip(module)
     listing = tmp_path / "blocks.json"
     listing.write_text(json.dumps(blocks))
-    env = {**os.environ, "PYTHONPATH": str(packages), "MPLBACKEND": "Agg", "OMP_NUM_THREADS": "2"}
-    result = subprocess.run(
-        [sys.executable, "-c", RUNNER, str(listing)], capture_output=True, text=True, cwd=tmp_path, env=env, timeout=900
-    )
-    if result.returncode != 0:
-        failure = json.loads(result.stdout.splitlines()[-1]) if result.stdout.strip() else {"where": page, "error": ""}
+    cwd = tmp_path / "work"
+    cwd.mkdir()
+    returncode, stdout, stderr = _run_page(zygote, listing, cwd)
+    if returncode != 0:
+        failure = json.loads(stdout.splitlines()[-1]) if stdout.strip() else {"where": page, "error": ""}
         code = dict(blocks).get(failure["where"], "")
-        pytest.fail(f"{failure['where']} failed:\n{code}\n--- error ---\n{failure['error']}{result.stderr[-2000:]}")
+        pytest.fail(f"{failure['where']} failed:\n{code}\n--- error ---\n{failure['error']}{stderr[-2000:]}")
