@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import pytest
-import torch
 
 from attribution.features import statistics as stats_module
 from attribution.features._cache import SiteCache
