@@ -82,6 +82,16 @@ def ablation_rows(model: Any, ids: torch.Tensor, pair: tuple[int, int], graph: A
     return rows
 
 
+def why_they_differ(graph: Any, top: torch.Tensor) -> str:
+    """Why the real change and the graph's prediction differ (the reason docs/methods/graphs.rst gives)."""
+    sink = int((graph.nodes.position[top] == 0).sum())
+    frozen = "the graph freezes attention and norms, the real model does not"
+    if not sink:
+        return f"{frozen}: the gap is what the frozen model leaves out"
+    return (f"{frozen}: {sink} of these {len(top)} neurons are at the first position\n  (the attention sink, with "
+            "very large activations), and ablating them breaks the attention of every later layer")  # fmt: skip
+
+
 def main(out: Path, max_nodes: int, threads: int = 2, sequences: int = 64) -> None:
     try:
         from _smollm2 import load_smollm2
@@ -124,6 +134,7 @@ def main(out: Path, max_nodes: int, threads: int = 2, sequences: int = 64) -> No
                 f"  top 10 neurons ablated: real change {float(check.real[0]):+.3f}, the graph predicts "
                 f"{float(check.predicted[0]):+.3f} (clean {float(check.clean[0]):.3f})"
             )
+            print("  " + why_they_differ(graph, top))
             print("  |   N | top N by influence | N random, same layers (5 draws) |")
             print("  |----:|---:|---:|")
             for row in ablation_rows(model, ids, pair, graph):

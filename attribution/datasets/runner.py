@@ -36,7 +36,7 @@ from tqdm.auto import tqdm
 from hooks import HookManager, map_tensors, tensors
 
 from .. import _distributed
-from .._progress import DELAY
+from .._progress import DELAY, shown
 from .._run import WarningScope, warn
 from . import _lock
 from ._identity import UNREADABLE, describe, item_digests, model_digest
@@ -200,7 +200,7 @@ def _compute(
         initial=total - sum(len(b) for b in batches),
         unit="item",
         desc="attribute_dataset" + (f" (rank 0 of {world})" if world > 1 else ""),
-        disable=not progress or rank != 0,
+        disable=not shown(progress and rank == 0),
         dynamic_ncols=True,
         delay=DELAY,
     )

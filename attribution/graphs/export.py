@@ -5,6 +5,7 @@ from __future__ import annotations
 import html
 import json
 import math
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -25,6 +26,27 @@ CARD_LOGITS = 6
 def _process(text: str) -> str:
     """circuit-tracer's ``process_token``: newlines, tabs and returns as visible arrows."""
     return text.replace("\n", "⏎").replace("\t", "→").replace("\r", "↵")
+
+
+def logit_label(graph: AttributionGraph, node: int, show: Callable[[int], str]) -> str:
+    """Logit node ``node``'s target: ``show(token)``, or ``show(token) vs show(foil)`` when its value is a difference.
+
+    The viewer, the graph file's ``clerp`` and the picture all name a logit difference by both of its tokens, so
+    that a node whose value is ``logit(" are") - logit(" is")`` does not read as the logit of " are" alone.
+
+    Example:
+        >>> import torch
+        >>> from attribution.graphs import Nodes, AttributionGraph
+        >>> nodes = Nodes(("token", "logit", "logit"), torch.tensor([-1, 2, 2]), torch.tensor([0, 0, 0]),
+        ...               torch.tensor([3, 5, 6]), torch.ones(3), torch.zeros(3))
+        >>> graph = AttributionGraph(nodes, torch.zeros(3, 3).to_sparse(), torch.tensor([3]), torch.ones(2),
+        ...                          torch.tensor([9, -1]), 2, 8, None)
+        >>> logit_label(graph, 1, lambda t: f"t{t}"), logit_label(graph, 2, lambda t: f"t{t}")
+        ('t5 vs t9', 't6')
+    """
+    foil = int(graph.foils[node - len(graph.nodes) + len(graph.foils)])  # the logit nodes come last, in order
+    target = show(int(graph.nodes.index[node]))
+    return target if foil < 0 else f"{target} vs {show(foil)}"
 
 
 def node_ids(graph: AttributionGraph) -> list[str]:
@@ -60,10 +82,16 @@ def graph_file(graph: AttributionGraph, slug: str, *, tokenizer: Any = None, sca
     Neurons and features are written as circuit-tracer's features (``feature_type`` "cross layer transcoder",
     ``feature`` the Cantor pairing of layer and index, as circuit-tracer 0.5 numbers them) so that its viewer shows
     them; errors as its "mlp reconstruction error" nodes (``feature`` -1, ``activation`` the error's norm); the first
-    logit node is the target.
+    logit node is the target. A logit node's ``clerp`` is circuit-tracer's ``Output "token" (p=...)``, with
+    ``vs "foil"`` after the token for a logit difference (its ``p`` then the pair's weight, ``1 / pairs``: the
+    viewer parses the first quoted token and the ``p``).
     Only nodes with an edge (and every token and logit) are written, as circuit-tracer does.
     """
     text = decoder(tokenizer)
+
+    def quoted(token: int) -> str:
+        return f'"{_process(text(token))}"'
+
     ids = node_ids(graph)
     cumulative = _cumulative(graph.nodes.influence.double())
     adjacency = graph.adjacency.coalesce()
@@ -94,7 +122,7 @@ def graph_file(graph: AttributionGraph, slug: str, *, tokenizer: Any = None, sca
             prob = float(graph.logit_weights[rank])
             nodes.append({**common, "feature": index, "layer": str(graph.n_layers + 1), "feature_type": "logit",
                           "jsNodeId": f"L_{index}-{position}", "token_prob": prob, "is_target_logit": first_logit,
-                          "clerp": f'Output "{_process(text(index))}" (p={prob:.3f})', "influence": None,
+                          "clerp": f"Output {logit_label(graph, i, quoted)} (p={prob:.3f})", "influence": None,
                           "activation": float(graph.nodes.activation[i])})  # fmt: skip
             first_logit = False
     metadata = {"slug": slug, "scan": scan, "transcoder_list": [],
@@ -121,12 +149,18 @@ def html_page(graph: AttributionGraph, *, tokenizer: Any = None, top_tokens: Any
     """The self-contained viewer's page (see :meth:`AttributionGraph.to_html`)."""
     text = decoder(tokenizer)
     cards, card_of, tokens = _feature_cards(graph, features, tokenizer)
+
+    def shown(token: int) -> str:
+        return visible(text(token))
+
     nodes = []
     for i in range(len(graph.nodes)):
         node = graph.nodes[i]
-        names = {"token": visible(text(node.index)), "logit": f"→{visible(text(node.index))}",
-                 "feature": f"L{node.layer}/f{node.index}", "error": f"L{node.layer}/error"}  # fmt: skip
+        names = {"token": visible(text(node.index)), "feature": f"L{node.layer}/f{node.index}",
+                 "error": f"L{node.layer}/error"}  # fmt: skip
         label = names.get(node.kind, f"L{node.layer}/{node.index}")
+        if node.kind == "logit":
+            label = "→" + logit_label(graph, i, shown)
         card = card_of.get(i, -1)
         if card >= 0 and cards[card]["reads"] is not None:
             label = f"“{cards[card]['reads']}” {label}"

@@ -7,12 +7,14 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from .._inputs import decoder
+from .export import logit_label
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
 
     from .graph import AttributionGraph
 
+POSITIVE, NEGATIVE = "#c0392b", "#1f77b4"  # edge colours, as in the HTML viewer
 COLOURS = {"token": "#bbbbbb", "neuron": "#f2c14e", "feature": "#e59866", "error": "#ffffff", "logit": "#7fb77e"}
 
 
@@ -43,6 +45,9 @@ def plot_graph(graph: AttributionGraph, *, tokenizer: Any = None, ax: Axes | Non
                ) -> Axes:  # fmt: skip
     """Nodes by position and layer; edges red (positive) or blue (negative), width and opacity by ``|weight|``.
 
+    The legend names the node kinds and the two edge colours. A logit node is labelled by its token in quotes, and
+    by its token and foil (``" are" vs " is"``) when its value is a logit difference.
+
     Args:
         graph: the graph (pruned to 30-100 nodes for a readable picture).
         tokenizer: a tokenizer or a function from a token id to text, for the labels.
@@ -53,8 +58,13 @@ def plot_graph(graph: AttributionGraph, *, tokenizer: Any = None, ax: Axes | Non
         The axes.
     """
     import matplotlib.pyplot as plt
+    from matplotlib.lines import Line2D
 
     text = decoder(tokenizer)
+
+    def quoted(token: int) -> str:
+        return f'"{text(token)}"'
+
     xy = node_positions(graph)
     if ax is None:
         width = max(6.0, 0.9 * len(graph.tokens) + 2)
@@ -66,7 +76,7 @@ def plot_graph(graph: AttributionGraph, *, tokenizer: Any = None, ax: Axes | Non
     for k in order.tolist():
         t, s = adjacency.indices()[:, k].tolist()
         w = float(values[k]) / top
-        ax.plot([xy[s, 0], xy[t, 0]], [xy[s, 1], xy[t, 1]], color="#c0392b" if w > 0 else "#1f77b4",
+        ax.plot([xy[s, 0], xy[t, 0]], [xy[s, 1], xy[t, 1]], color=POSITIVE if w > 0 else NEGATIVE,
                 linewidth=0.3 + 2.5 * abs(w), alpha=0.15 + 0.85 * abs(w), zorder=1)  # fmt: skip
     for kind, colour in COLOURS.items():
         members = graph.nodes.where(kind)
@@ -74,13 +84,17 @@ def plot_graph(graph: AttributionGraph, *, tokenizer: Any = None, ax: Axes | Non
             size = 22 if kind in ("neuron", "feature") else 60
             ax.scatter(xy[members, 0], xy[members, 1], s=size, c=colour, edgecolors="black", linewidths=0.5,
                        zorder=2, label=kind)  # fmt: skip
-    for i in graph.nodes.where("logit").tolist():
-        ax.annotate(text(int(graph.nodes.index[i])), (float(xy[i, 0]), float(xy[i, 1])), xytext=(4, 4),
-                    textcoords="offset points", fontsize=8)  # fmt: skip
+    for i in graph.nodes.where("logit").tolist():  # the label to the left: the logits sit in the last column
+        ax.annotate(logit_label(graph, i, quoted), (float(xy[i, 0]), float(xy[i, 1])), xytext=(-6, 6),
+                    textcoords="offset points", ha="right", fontsize=8)  # fmt: skip
     ax.set_xticks(range(len(graph.tokens)), [text(t) for t in graph.tokens.tolist()], rotation=60, fontsize=8)
     ax.set_yticks(range(-1, graph.n_layers + 1), ["emb", *[str(i) for i in range(graph.n_layers)], "logit"],
                   fontsize=7)  # fmt: skip
     ax.set_ylabel("layer")
-    ax.legend(loc="upper left", fontsize=7, framealpha=0.8)
+    handles, labels = ax.get_legend_handles_labels()
+    for colour, sign in ((POSITIVE, "positive"), (NEGATIVE, "negative")):
+        handles.append(Line2D([], [], color=colour, linewidth=2))
+        labels.append(f"{sign} edge")
+    ax.legend(handles, labels, loc="upper left", fontsize=8, framealpha=0.8)
     ax.set_title(title or f"attribution graph: {len(graph.nodes)} nodes, {len(values)} edges", fontsize=10)
     return ax

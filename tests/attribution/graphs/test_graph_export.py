@@ -9,12 +9,29 @@ import subprocess
 
 import pytest
 
+from attribution.graphs import attribution_graph
 from attribution.graphs.export import node_ids
+from tests.attribution.graphs.conftest import IDS
 
 
 @pytest.fixture(scope="module")
 def pruned(llama_graph):
     return llama_graph.prune(0.6, 0.9)
+
+
+@pytest.fixture(scope="module")
+def difference(llama):
+    """A graph whose one logit node is the logit difference of tokens 5 and 9."""
+    return attribution_graph(llama, IDS, target=[(5, 9)], progress=False, batch_size=128).prune(0.6, 0.9)
+
+
+def _name(token: int) -> str:
+    return f"t{token}"
+
+
+def _page_nodes(page: str) -> list[dict]:
+    """The node table the viewer's script reads (``const G = {...};``)."""
+    return json.loads(re.search(r"^const G = (.*);$", page, re.M)[1])["nodes"]
 
 
 def test_the_graph_file_follows_circuit_tracers_schema(pruned, tmp_path):
@@ -103,6 +120,49 @@ def test_the_picture_draws_every_edge_and_node(pruned):
     assert [t.get_text() for t in ax.get_xticklabels()] == [f"t{i}" for i in pruned.tokens.tolist()]
     colours = {line.get_color() for line in ax.lines}
     assert colours <= {"#c0392b", "#1f77b4"}
+    key = dict(zip([t.get_text() for t in ax.get_legend().get_texts()], ax.get_legend().legend_handles, strict=True))
+    assert key["positive edge"].get_color() == "#c0392b" and key["negative edge"].get_color() == "#1f77b4"
+    values = pruned.adjacency.coalesce().values()
+    strongest = float(values[values.abs().argmax()])  # drawn last, on top
+    assert ax.lines[-1].get_color() == key["positive edge" if strongest > 0 else "negative edge"].get_color()
+    import matplotlib.pyplot as plt
+
+    plt.close(ax.figure)
+
+
+def test_a_logit_difference_is_named_by_its_token_and_its_foil_in_the_file_the_page_and_the_picture(
+    difference, tmp_path
+):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    (logit,) = [n for n in difference.to_json(tmp_path / "d.json", tokenizer=_name)["nodes"]
+                if n["feature_type"] == "logit"]  # fmt: skip
+    assert logit["clerp"] == 'Output "t5" vs "t9" (p=1.000)'
+    # circuit-tracer's viewer reads the token between the first quotes and the number after "(p=" (util-cg.js)
+    assert logit["clerp"].split('"')[1] == "t5" and float(logit["clerp"].split("(p=")[1].split(")")[0]) == 1.0
+    assert [n["label"] for n in _page_nodes(difference.to_html(tokenizer=_name)) if n["kind"] == "logit"] == [
+        "→t5 vs t9"
+    ]
+    ax = difference.plot(tokenizer=_name)
+    assert '"t5" vs "t9"' in [text.get_text() for text in ax.texts]
+    import matplotlib.pyplot as plt
+
+    plt.close(ax.figure)
+
+
+def test_a_logit_without_a_foil_is_named_by_its_token_alone(pruned, tmp_path):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    tokens = pruned.nodes.index[pruned.nodes.where("logit")].tolist()
+    clerps = [n["clerp"] for n in pruned.to_json(tmp_path / "p.json", tokenizer=_name)["nodes"]
+              if n["feature_type"] == "logit"]  # fmt: skip
+    assert clerps == [f'Output "t{t}" (p={p:.3f})' for t, p in zip(tokens, pruned.logit_weights.tolist(), strict=True)]
+    labels = [n["label"] for n in _page_nodes(pruned.to_html(tokenizer=_name)) if n["kind"] == "logit"]
+    assert labels == [f"→t{t}" for t in tokens]
+    ax = pruned.plot(tokenizer=_name)
+    assert [text.get_text() for text in ax.texts] == [f'"t{t}"' for t in tokens]
     import matplotlib.pyplot as plt
 
     plt.close(ax.figure)
