@@ -35,9 +35,11 @@ class Batch:
         return torch.arange(self.first_document, self.first_document + self.ids.shape[0])
 
 
-def top_candidates(batch: Batch, slots: Slots, valid: torch.Tensor, k: int, gap: int) -> Candidates:
-    """Each unit's peaks in this batch that can enter its top ``k`` (all ties with the k-th kept)."""
-    masked = torch.where(valid, batch.acts, _math.NEG)
+def top_candidates(batch: Batch, slots: Slots, masked: torch.Tensor, k: int, gap: int) -> Candidates:
+    """Each unit's peaks in this batch that can enter its top ``k`` (all ties with the k-th kept).
+
+    ``masked``: the batch's activations with the positions that do not count at ``-inf``.
+    """
     floor = torch.where(slots.full, slots.value[:, -1], _math.NEG)
     values, positions = _math.peaks(masked, k, gap, floor)  # (units, documents, k)
     units, docs, _ = values.shape
@@ -145,7 +147,8 @@ class FirstPass:
             unit, row, position = nan.nonzero(as_tuple=True)
             found = zip(batch.documents[row].tolist(), position.tolist(), unit.tolist(), strict=True)
             self.nan_at = sorted([*self.nan_at, *found])[:NAN_PLACES]
-        top = top_candidates(batch, self.top, valid, k, gap)
+        masked = torch.where(valid, acts, _math.NEG)
+        top = top_candidates(batch, self.top, masked, k, gap)
         self.top = _examples.merge(self.top, top, "value", batch_context(batch, top, left, self.top))
         quiet = quiet_candidates(batch, self.quiet, valid & (acts <= 0), seed)
         self.quiet = _examples.merge(self.quiet, quiet, "key", batch_context(batch, quiet, left, self.quiet))
@@ -155,7 +158,7 @@ class FirstPass:
         nonzero = torch.bincount(unit, minlength=units)
         self.count += count
         self.nonzero += nonzero
-        self.max = torch.maximum(self.max, torch.where(valid, acts, _math.NEG).amax((1, 2)))
+        self.max = torch.maximum(self.max, masked.amax((1, 2)))
         self.min = torch.minimum(self.min, torch.where(valid, acts, float("inf")).amin((1, 2)))
         self.sketch += _math.sketch_counts(unit, value, count - nonzero)
         self.blocks = _math.fold_blocks([*self.blocks, (batch.index, 1, _math.entry_moments(unit, value, count))])

@@ -77,12 +77,8 @@ class _LM:
         with kept_state(self.model), torch.no_grad():
             for first in range(0, len(starts), batch_size):
                 chunk = starts[first : first + batch_size]
-                width = max(len(s) for s in chunk)
-                ids = torch.full((len(chunk), width), self.pad, dtype=torch.long)
-                mask = torch.zeros((len(chunk), width), dtype=torch.long)
-                for r, s in enumerate(chunk):
-                    ids[r, width - len(s) :] = torch.tensor(s)
-                    mask[r, width - len(s) :] = 1
+                ids, mask = _padded(chunk, self.pad, left=True)
+                width = ids.shape[1]
                 generate = cast(Callable[..., torch.Tensor], self.model.generate)
                 out = generate(
                     input_ids=ids.to(self.device), attention_mask=mask.to(self.device), generation_config=config
@@ -103,12 +99,7 @@ class _LM:
         with kept_state(self.model), torch.no_grad():
             for first in range(0, len(sequences), batch_size):
                 chunk = sequences[first : first + batch_size]
-                width = max(len(s) for s in chunk)
-                ids = torch.full((len(chunk), width), self.pad, dtype=torch.long)
-                mask = torch.zeros((len(chunk), width), dtype=torch.long)
-                for r, s in enumerate(chunk):
-                    ids[r, : len(s)] = torch.tensor(s)
-                    mask[r, : len(s)] = 1
+                ids, mask = _padded(chunk, self.pad, left=False)
                 result = self.model(input_ids=ids.to(self.device), attention_mask=mask.to(self.device))
                 logits = result.logits if hasattr(result, "logits") else result
                 for r in range(len(chunk)):
@@ -127,3 +118,15 @@ def _simulation_ids(lm: _LM, explanation: str, tokens: Sequence[str]) -> tuple[l
         slots.append(len(ids) - 1)
         ids += lm.encode("?\n")
     return ids, slots
+
+
+def _padded(rows: list[list[int]], pad: int, *, left: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(ids, attention mask)`` of token lists padded to one width with ``pad``, on the left or on the right."""
+    width = max(len(r) for r in rows)
+    ids = torch.full((len(rows), width), pad, dtype=torch.long)
+    mask = torch.zeros((len(rows), width), dtype=torch.long)
+    for i, r in enumerate(rows):
+        place = slice(width - len(r), width) if left else slice(0, len(r))
+        ids[i, place] = torch.tensor(r, dtype=torch.long)
+        mask[i, place] = 1
+    return ids, mask

@@ -17,7 +17,7 @@ from torch import nn
 from hooks import resolve
 
 from ..dictionaries import SAE, Transcoder
-from ..models import linear, lm_layout
+from ..models import LayerLayout, LMLayout, linear, lm_layout
 
 Side = Literal["output", "input"]
 
@@ -83,13 +83,7 @@ class Neurons:
 
     def bind(self, model: nn.Module) -> Bound:
         """Where the neurons are in ``model`` (through :func:`attribution.models.lm_layout`)."""
-        layers = lm_layout(model).layers
-        if not -len(layers) <= self.layer < len(layers):
-            raise ValueError(
-                f"`layer` {self.layer} is not a layer of the model: it has {len(layers)} layers "
-                f"(0 to {len(layers) - 1})"
-            )
-        layer = layers[self.layer]
+        layer = _decoder_layer(lm_layout(model), self.layer)
         if layer.mlp_parts is None:
             raise ValueError(f"layer {layer.index} has no MLP with known parts (a mixture of experts?): use Directions")
         name = layer.mlp_parts.neurons
@@ -136,12 +130,7 @@ class Heads:
     def bind(self, model: nn.Module) -> Bound:
         """Where the heads are in ``model`` (through :func:`attribution.models.lm_layout`)."""
         layout = lm_layout(model)
-        if not -len(layout.layers) <= self.layer < len(layout.layers):
-            raise ValueError(
-                f"`layer` {self.layer} is not a layer of the model: it has {len(layout.layers)} layers "
-                f"(0 to {len(layout.layers) - 1})"
-            )
-        layer = layout.layers[self.layer]
+        layer = _decoder_layer(layout, self.layer)
         name = layer.attention.out_proj
         out = linear(model.get_submodule(name), device=torch.device("cpu"))[0].detach().float()  # (d_model, h * d)
         n, size = layout.n_heads, layout.head_dim
@@ -272,6 +261,16 @@ class Directions:
 
 
 Units = Neurons | Heads | Features | Directions
+
+
+def _decoder_layer(layout: LMLayout, index: int) -> LayerLayout:
+    """Decoder layer ``index`` of the layout (negative counts from the end), or an error naming the range."""
+    layers = layout.layers
+    if not -len(layers) <= index < len(layers):
+        raise ValueError(
+            f"`layer` {index} is not a layer of the model: it has {len(layers)} layers (0 to {len(layers) - 1})"
+        )
+    return layers[index]
 
 
 def _source(kind: str, module: str, side: str, layer: int | None, indices: torch.Tensor) -> dict[str, object]:
