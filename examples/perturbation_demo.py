@@ -30,6 +30,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 import torch
+from matplotlib.figure import Figure
 
 sys.path.insert(0, str(Path(__file__).parent))
 from _efficientnet_lite0 import imagenet_categories, load_efficientnet_lite0, preprocess
@@ -38,6 +39,12 @@ from _photos import photo
 from attribution import RISE, FeatureAblation, KernelSHAP, Occlusion, ShapleyValueSampling
 from attribution.metrics import deletion, insertion
 from attribution.plot import to_rgb
+
+UNITS = {  # what a map's value is, in the class's logit
+    "Occlusion": "logit - logit occluded",
+    "RISE": "mean logit, pixel kept",
+    "KernelSHAP (superpixels)": "Shapley value (logit)",
+}
 
 
 def superpixels(image: torch.Tensor) -> torch.Tensor:
@@ -49,6 +56,31 @@ def superpixels(image: torch.Tensor) -> torch.Tensor:
 
     segments = slic(image.permute(1, 2, 0).double().numpy(), n_segments=50, compactness=10, start_label=0)
     return torch.unique(torch.from_numpy(segments), return_inverse=True)[1][None]
+
+
+def draw_maps(images: torch.Tensor, labels: list[str], maps: dict[str, torch.Tensor]) -> Figure:
+    """One row per photo: the photo, then each method's map with a colour bar in the target's logit units."""
+    rows, cols = len(labels), 1 + len(maps)
+    fig, axes = plt.subplots(rows, cols, figsize=(3.2 * cols, 2.9 * rows), squeeze=False, layout="constrained")
+    for row, label in enumerate(labels):
+        axes[row, 0].imshow(to_rgb(images[row], mean=(0.5,) * 3, std=(0.5,) * 3))
+        axes[row, 0].set_title(label, fontsize=10)
+        for col, (method, attributions) in enumerate(maps.items(), 1):
+            heat = attributions[row].mean(0)
+            if method == "RISE":  # positive everywhere: its own range, else the map is one flat colour
+                shown = axes[row, col].imshow(
+                    heat.numpy(), cmap="inferno", vmin=float(heat.min()), vmax=float(heat.max())
+                )
+            else:  # symmetric: red raises the class's logit, blue lowers it
+                bound = float(heat.abs().max()) or 1.0
+                shown = axes[row, col].imshow(heat.numpy(), cmap="RdBu_r", vmin=-bound, vmax=bound)
+            axes[row, col].set_title(method, fontsize=10)
+            bar = fig.colorbar(shown, ax=axes[row, col], fraction=0.046, pad=0.03)
+            bar.ax.tick_params(labelsize=8)
+            bar.set_label(UNITS.get(method, "logit"), fontsize=8)
+    for ax in axes.flat:
+        ax.axis("off")
+    return fig
 
 
 def images_part(out: Path, photos: int, masks: int, coalitions: int) -> None:
@@ -74,23 +106,8 @@ def images_part(out: Path, photos: int, masks: int, coalitions: int) -> None:
         start = time.perf_counter()
         maps[method] = run()
         took[method] = time.perf_counter() - start
-    fig, axes = plt.subplots(len(names), 1 + len(maps), figsize=(3 * (1 + len(maps)), 3 * len(names)), squeeze=False)
-    for row, name in enumerate(names):
-        axes[row, 0].imshow(to_rgb(images[row], mean=(0.5,) * 3, std=(0.5,) * 3))
-        axes[row, 0].set_title(f"{name}: {categories[classes[row]]}", fontsize=8)
-        for col, (method, attributions) in enumerate(maps.items(), 1):
-            heat = attributions[row].mean(0)
-            if method == "RISE":  # positive everywhere: its own range, else the map is one flat colour
-                axes[row, col].imshow(heat, cmap="inferno", vmin=float(heat.min()), vmax=float(heat.max()))
-                axes[row, col].set_title(f"RISE ({heat.min():.1f} to {heat.max():.1f})", fontsize=8)
-                continue
-            bound = float(heat.abs().max()) or 1.0
-            axes[row, col].imshow(heat, cmap="RdBu_r", vmin=-bound, vmax=bound)
-            axes[row, col].set_title(method, fontsize=8)
-    for ax in axes.flat:
-        ax.axis("off")
-    fig.tight_layout()
-    fig.savefig(out / "perturbation_maps.png", dpi=70)
+    fig = draw_maps(images, [f"{name}: {categories[c]}" for name, c in zip(names, classes, strict=True)], maps)
+    fig.savefig(out / "perturbation_maps.png", dpi=80)
     plt.close(fig)
     seconds = ", ".join(f"{method} {t:.0f} s" for method, t in took.items())
     print(f"EfficientNet-Lite0 on {len(names)} photos ({seconds}); mean AUC of the class probability")

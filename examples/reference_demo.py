@@ -29,6 +29,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 import torch
 import torchvision.transforms.functional as TF
+from matplotlib.figure import Figure
 
 sys.path.insert(0, str(Path(__file__).parent))
 from _efficientnet_lite0 import MEAN, STD, imagenet_categories, load_efficientnet_lite0, preprocess
@@ -38,12 +39,22 @@ from attribution import DeepLift, DeepLiftShap, GradientShap
 from attribution.plot import to_rgb
 
 BLACK, WHITE, GREY = -1.0, 1.0, 0.0  # in the model's input space: (pixel - 0.5) / 0.5
+SAMPLES = 8  # GradientShap's random draws per photo (a reference, a point on the path, noise)
 
 
 def references(image: torch.Tensor) -> torch.Tensor:
     """Black, white, grey and the photo blurred: ``(4, 3, H, W)``."""
     blurred = TF.gaussian_blur(image, kernel_size=51, sigma=20.0)
     return torch.stack([torch.full_like(image, BLACK), torch.full_like(image, WHITE), torch.zeros_like(image), blurred])
+
+
+def titles(references: int, samples: int) -> tuple[str, str, str]:
+    """The maps' titles, every number with its unit: DeepLift, DeepLiftShap, GradientShap."""
+    return (
+        "DeepLift\nfrom black",
+        f"DeepLiftShap\n{references} references",
+        f"GradientShap\n{references} references, {samples} samples",
+    )
 
 
 def pixels(attributions: torch.Tensor) -> torch.Tensor:
@@ -55,20 +66,23 @@ def clipped(m: torch.Tensor) -> torch.Tensor:
     return (m / top).clamp(max=1.0)
 
 
-def side_by_side(images: torch.Tensor, maps: dict[str, torch.Tensor], labels: list[str], path: Path) -> None:
+def side_by_side(images: torch.Tensor, maps: dict[str, torch.Tensor], labels: list[str]) -> Figure:
+    """One row per photo: the photo, then each method's map; one colour bar for all maps (each clipped at 1)."""
     rows, cols = images.shape[0], len(maps) + 1
-    fig, axes = plt.subplots(rows, cols, figsize=(1.8 * cols, 1.9 * rows), squeeze=False, layout="constrained")
+    fig, axes = plt.subplots(rows, cols, figsize=(2.5 * cols + 0.6, 2.6 * rows), squeeze=False, layout="constrained")
     for i in range(rows):
         axes[i, 0].imshow(to_rgb(images[i], mean=MEAN, std=STD))
-        axes[i, 0].set_title(labels[i], fontsize=7)
+        axes[i, 0].set_title(labels[i], fontsize=9)
         for j, (name, m) in enumerate(maps.items(), start=1):
-            axes[i, j].imshow(clipped(m[i]).numpy(), cmap="inferno", vmin=0, vmax=1)
+            shown = axes[i, j].imshow(clipped(m[i]).numpy(), cmap="inferno", vmin=0, vmax=1)
             if i == 0:
-                axes[i, j].set_title(name, fontsize=7)
+                axes[i, j].set_title(name, fontsize=9)
     for ax in axes.flat:
         ax.set_axis_off()
-    fig.savefig(path, dpi=80)
-    plt.close(fig)
+    bar = fig.colorbar(shown, ax=axes[:, 1:], fraction=0.03, pad=0.02)
+    bar.set_label("|attribution| summed over RGB, / its 99th percentile", fontsize=8)
+    bar.ax.tick_params(labelsize=8)
+    return fig
 
 
 def captum_miss(model: torch.nn.Module, images: torch.Tensor, classes: list[int], gain: torch.Tensor) -> str:
@@ -98,15 +112,18 @@ def main(out: Path, threads: int = 2) -> None:
     labels = [f"{n}: {categories[c]}" for n, c in zip(names, classes, strict=True)]
     attributions, delta = DeepLift(model, BLACK)(images, classes, return_delta=True)
     gain = attributions.flatten(1).sum(1) - delta
-    maps = {"DeepLift (black)": pixels(attributions)}
+    deeplift, deeplift_shap, gradient_shap = titles(len(references(images[0])), SAMPLES)
+    maps = {deeplift: pixels(attributions)}
     shap = [DeepLiftShap(model, references(img))(img[None], [c]) for img, c in zip(images, classes, strict=True)]
-    maps["DeepLiftShap (4 refs)"] = pixels(torch.cat(shap))
+    maps[deeplift_shap] = pixels(torch.cat(shap))
     grad_shap = [
-        GradientShap(model, references(img), samples=8, stdevs=0.1)(img[None], [c])
+        GradientShap(model, references(img), samples=SAMPLES, stdevs=0.1)(img[None], [c])
         for img, c in zip(images, classes, strict=True)
     ]
-    maps["GradientShap (4 refs, 8)"] = pixels(torch.cat(grad_shap))
-    side_by_side(images, maps, labels, out / "reference_side_by_side.png")
+    maps[gradient_shap] = pixels(torch.cat(grad_shap))
+    fig = side_by_side(images, maps, labels)
+    fig.savefig(out / "reference_side_by_side.png", dpi=80)
+    plt.close(fig)
     took = time.perf_counter() - start
     ours = ", ".join(f"{v:.1e}" for v in (delta.abs() / gain.abs()).tolist())
     print(f"EfficientNet-Lite0, DeepLift from black, |delta| / |f(x) - f(black)| per photo ({', '.join(names)}):")
