@@ -66,6 +66,7 @@ from .perturbation import (
     ShapleyValues,
     ShapleyValueSampling,
 )
+from .probes import ProbeResult, causal_check, probe
 from .reference import DeepLift, DeepLiftShap, GradientShap
 from .rollout import AttentionRollout, GradientRollout
 
@@ -111,6 +112,7 @@ __all__ = [
     "Neurons",
     "Occlusion",
     "Patch",
+    "ProbeResult",
     "RISE",
     "SAE",
     "Saliency",
@@ -127,6 +129,7 @@ __all__ = [
     "attribute_generation",
     "attribution_graph",
     "attribution_patching",
+    "causal_check",
     "class_means",
     "dashboard",
     "diff_means",
@@ -145,6 +148,7 @@ __all__ = [
     "open_results",
     "patch",
     "path_patching",
+    "probe",
     "record",
     "score",
     "splice",
