@@ -28,6 +28,7 @@ def causal_check(
     *,
     scale: float | None = None,
     batch_size: int = 64,
+    clean: float | None = None,
 ) -> float:
     """The change of ``metric`` when the probe's direction is intervened on at ``site``: intervened minus clean.
 
@@ -47,6 +48,8 @@ def causal_check(
         how: ``"ablate"`` or ``"steer"``.
         scale: the steering step along the unit direction.
         batch_size: items per forward when ``data`` is a tensor or mapping.
+        clean: ``mean metric(clean)`` on ``data`` if already measured (a sweep over sites needs it once); by default
+            it is measured here.
 
     Returns:
         ``mean metric(intervened) - mean metric(clean)``.
@@ -82,7 +85,8 @@ def causal_check(
         basis = torch.linalg.qr(u.reshape(-1, x.shape[-1]).T).Q  # (d, rank): the span of the directions
         return x - (x @ basis) @ basis.T
 
-    clean = _mean_metric(model, data, metric, batch_size, None)
+    if clean is None:
+        clean = _mean_metric(model, data, metric, batch_size, None)
     intervened = _mean_metric(model, data, metric, batch_size, (name, result, change))
     return intervened - clean
 
