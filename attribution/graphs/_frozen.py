@@ -4,7 +4,9 @@ One forward of the real model with hooks (one :class:`attribution._run.HookedRun
 
 * the first layer's input becomes a leaf: the token nodes' vectors;
 * every LayerNorm/RMSNorm gets the LN-rule (its scale ``1 / std`` or ``1 / rms`` held at the clean value);
-* the query and key projections' outputs are detached, so the attention probabilities are constants;
+* the query and key projections' outputs are detached, so the attention probabilities are constants, and each
+  layer's attention is written again so that its backward is one product for all rows of a batch
+  (:mod:`attribution.graphs._attention`);
 * each MLP's down projection gets a new leaf as its input (the neuron activations, held), and the activation as
   computed is kept as that layer's targets; the MLP's input and its up (and gate) projections' outputs are kept too;
 * at an MLP with a dictionary instead (:func:`dictionary_hooks`), the features as computed are the targets and the
@@ -41,6 +43,7 @@ from .._transformer_rules import Sites, register_rules
 from ..dictionaries import Transcoder
 from ..dictionaries.modules import Dictionary
 from ..models import LMLayout, linear, logit_softcap
+from ._attention import batched_attention
 from ._math import kept_entries
 
 
@@ -62,6 +65,7 @@ class Frozen:
     final: torch.Tensor | None = None  # (1, T, d): the final norm's output
     logits: torch.Tensor = field(default_factory=lambda: torch.empty(0))  # (vocab,) at the last position
     runs: int = 0  # backward runs of the autograd engine
+    batched: set[int] = field(default_factory=set)  # layers whose attention's backward is one product for all rows
 
     @property
     def n_layers(self) -> int:
@@ -135,6 +139,7 @@ def register(
         rms = [name for name, kind in layout.norms if kind == "rms"]
         register_rules(group, Sites(layout.embed, {}, [], [], rms, [n for n, k in layout.norms if k == "layer"]))
     _freeze_attention(group, layout)
+    frozen.batched = batched_attention(group, model, layout)
     index, mlps, branches = {}, {}, {}
     for layer in layout.layers:
         if layer.index not in dictionaries:

@@ -337,3 +337,33 @@ def predicted_change(
         own = (factor - 1) * activation + factor * reached
         total = torch.where(here, own, total)
     return total
+
+
+def value_gradients(probs: torch.Tensor, grads: torch.Tensor, heads: int, kv_heads: int) -> torch.Tensor:
+    """Gradients of frozen attention's values from its mixed output's, for many rows in one batched product.
+
+    With the probabilities ``P`` held, a head's output is ``P @ V`` (``V`` its key/value head's values, shared by
+    ``heads // kv_heads`` query heads), so ``dV = sum over the group of P^T @ dout``. The rows are folded into the
+    product's columns: ``P`` is read once for all of them, never copied per row.
+
+    Args:
+        probs: ``(1, heads, T, T)`` attention probabilities of one prompt.
+        grads: ``(rows, T, heads * head_dim)`` gradients of the mixed values (the output projection's input).
+        heads: query heads.
+        kv_heads: key/value heads (``heads`` without grouped-query attention).
+
+    Returns:
+        ``(rows, T, kv_heads * head_dim)`` gradients of the values (the value projection's output).
+
+    Example:
+        >>> probs = torch.tensor([[[[1.0, 0.0], [0.25, 0.75]]]])   # one head, two positions
+        >>> value_gradients(probs, torch.tensor([[[1.0], [2.0]]]), 1, 1)   # P^T @ [1, 2]
+        tensor([[[1.5000],
+                 [1.5000]]])
+    """
+    rows, positions, width = grads.shape
+    dim = width // heads
+    folded = grads.reshape(rows, positions, heads, dim).permute(2, 1, 0, 3).reshape(heads, positions, rows * dim)
+    mixed = probs[0].transpose(-1, -2).to(grads.dtype) @ folded  # (heads, T, rows * dim)
+    summed = mixed.reshape(kv_heads, heads // kv_heads, positions, rows * dim).sum(1)
+    return summed.reshape(kv_heads, positions, rows, dim).permute(2, 1, 0, 3).reshape(rows, positions, kv_heads * dim)
