@@ -62,11 +62,14 @@ def test_vmapped_rows_are_one_product_equal_to_each_rows_own_backward(monkeypatc
 @pytest.mark.parametrize("kind", ["llama", "qwen2", "gpt2"])
 def test_graph_rows_equal_the_models_own_attention_backward(kind, monkeypatch):
     model = lm64(kind)  # llama, qwen2: 4 query heads on 2 key/value heads; gpt2: a fused qkv projection
-    rewritten = []
+    rewritten, rows = [], []
     original = frozen_module.batched_attention
     monkeypatch.setattr(frozen_module, "batched_attention", lambda *a: rewritten.append(original(*a)) or rewritten[-1])
+    counted = lambda p, g, *a: rows.append(g.shape[0]) or value_gradients(p, g, *a)  # noqa: E731
+    monkeypatch.setattr(attention, "value_gradients", counted)
     new = attribution_graph(model, IDS, progress=False, batch_size=16).adjacency.to_dense()
     assert rewritten == [{0, 1}]  # every layer took the batched backward
+    assert max(rows) == 16  # a full batch's rows in one product
     monkeypatch.setattr(frozen_module, "batched_attention", lambda *a: set())  # autograd's backward through P @ V
     old = attribution_graph(model, IDS, progress=False, batch_size=16).adjacency.to_dense()
     assert old.abs().max() > 0.05
