@@ -397,7 +397,9 @@ def memory_estimate(
 
     ``units``: the neurons or features of each layer; ``errors``: the layers with a dictionary (an error each). A
     batch holds every source's gradient for its rows, one layer's block of products three times, the cotangents,
-    the attention probabilities expanded to the rows, and the residual stream's gradients; the forward holds its
+    a margin of one layer's attention probabilities per row, and the residual stream's gradients (an upper bound:
+    the sources' gradients are now cut as they arrive, never all held; measured at 1,024 tokens: 7.0 GiB against an
+    estimate of 18.8); the forward holds its
     activations and every layer's attention probabilities, and the process about :data:`OVERHEAD` more.
     """
     size = torch.finfo(dtype).bits // 8
