@@ -150,3 +150,12 @@ def test_sparse_training_follows_the_dense_training_step_by_step(monkeypatch, tm
     assert dead_steps >= 10  # AuxK's loss ran in many of the steps compared
     moved = (dense[-1][0]["W_dec"] - make().W_dec).abs().max()
     assert moved > 1e-2  # trained, not only initialised
+
+
+def test_a_feature_taken_with_a_non_positive_pre_activation_has_not_fired():
+    pre = torch.tensor([[3.0, -1.0, -2.0, -4.0], [-1.0, -5.0, 2.0, -3.0]])  # one positive entry per row, k = 2
+    pattern = _sparse.topk_pattern(pre, 2)
+    assert sorted(zip(pattern.rows.tolist(), pattern.cols.tolist(), strict=True)) == [(0, 0), (0, 1), (1, 0), (1, 2)]
+    values = torch.relu(pre[pattern.rows, pattern.cols])
+    assert _sparse.fired(values, pattern).tolist() == [True, False, True, False]
+    assert _sparse.fired(values, pattern).tolist() == (_math.topk(pre, 2) > 0).any(0).tolist()
