@@ -79,7 +79,9 @@ def train_dictionary(
       (Gao et al. 2024): the error predicted from the ``d_in // 2`` largest pre-activations of the dead features (not
       fired for the last tenth of the tokens, at most 10M), normalised by the error's variance. The decoder rows are
       kept at unit norm: the decoder gradient's component along each row is removed before the step and the rows
-      are set back to unit norm after it.
+      are set back to unit norm after it. Both train on sparse codes: the pre-activations are one dense product
+      without a graph, and the decoder (``embedding_bag``) and every backward touch only the active features, equal
+      to the dense computation to float rounding.
     * ``relu`` adds the L1 penalty ``l1_coefficient * sum_i f_i |W_dec[i]|`` per row (SAELens's standard SAE,
       Anthropic's April 2024 update): the decoder rows' norms are free and weigh their features.
     * ``jumprelu`` (Rajamanoharan et al. 2024) adds the L0 penalty ``l0_coefficient * sum_i H(pre_i - t_i)`` per
