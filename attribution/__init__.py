@@ -17,6 +17,16 @@ import sys
 
 from . import targets as targets  # the target helpers keep their namespace
 from .cam import AblationCAM, EigenCAM, GradCAM, GradCAMPlusPlus, HiResCAM, LayerCAM, ScoreCAM, XGradCAM
+from .causal import (
+    BoundlessSubspace,
+    Interchange,
+    LowRankSubspace,
+    RotatedSubspace,
+    Site,
+    interchange,
+    interchange_intervention_accuracy,
+    train_intervention,
+)
 from .circuits import (
     Circuit,
     EdgeScores,
@@ -80,6 +90,14 @@ sys.modules[f"{__name__}.aggregate"] = _aggregate
 dataset, aggregate = _runner, _aggregate  # ``import attribution.dataset`` then ``attribution.dataset.x``
 
 __all__ = [
+    "BoundlessSubspace",
+    "Interchange",
+    "LowRankSubspace",
+    "RotatedSubspace",
+    "Site",
+    "interchange",
+    "interchange_intervention_accuracy",
+    "train_intervention",
     "AblationCAM",
     "AttentionRollout",
     "AttnLRP",
