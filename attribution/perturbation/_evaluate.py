@@ -50,10 +50,11 @@ CPU_BUDGET = 2**26
 """The same on the CPU: batches whose activations stay near the caches run faster there (resnet50 Occlusion and
 SmolLM2 token ablation were fastest at 4 to 7 perturbations per call, about this budget; 256 MiB gave 22 to 27)."""
 MAX_PER_FORWARD = 256
-CALL_COST = {"cpu": 24}
+CALL_COST = {"cpu": 48}
 """A model call's own cost, counted in token positions of one row, per device type (others: 4096). On one CPU
-thread SmolLM2-135M ran one position in about 90 ms and each position more, in large batches, in about 3.5 ms:
-every call reads every weight once. An accelerator runs a batch's positions side by side, so calls cost most there."""
+thread SmolLM2-135M ran one position in 90 to 300 ms (quiet to loaded machine) and each position more, in large
+batches, in 3.5 to 5 ms: every call reads every weight once, 25 to 60 positions' worth. An accelerator runs a
+batch's positions side by side, so calls cost most there."""
 """The most perturbations in one forward when ``perturbations_per_forward`` is left to the budget."""
 
 Weights = Callable[[int, int], torch.Tensor]  # (first, stop) -> (stop - first, *item) weights

@@ -38,7 +38,8 @@ def tokens_run(model, method, ids, target):
 @pytest.mark.parametrize(
     ("name", "per_forward"), [("ablation", 1), ("ablation", 3), ("ablation", None), ("sampling", 4), ("kernel", None)]
 )
-def test_prefix_reuse_equals_the_plain_rerun_with_fewer_positions(model, name, per_forward):
+def test_prefix_reuse_equals_the_plain_rerun_with_fewer_positions(monkeypatch, model, name, per_forward):
+    monkeypatch.setitem(CALL_COST, "cpu", 2.0)  # calls this cheap split the perturbations by their first change
     mask = torch.tensor([0, 1, 1, 2, 3, 3, 4, 5, 6])
     build = {
         "ablation": lambda reuse: FeatureAblation(model, mask, 0, perturbations_per_forward=per_forward, reuse=reuse),
