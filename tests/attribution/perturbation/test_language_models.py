@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from attribution import LIME, FeatureAblation, KernelSHAP, ShapleyValues, ShapleyValueSampling
+from attribution.perturbation import _evaluate as evaluate
 from attribution.perturbation._cache import prefix_groups
 from attribution.perturbation._evaluate import CALL_COST
 from attribution.perturbation._masks import default_token
@@ -98,6 +99,18 @@ def test_groups_equal_the_plain_rerun_and_are_the_cheapest_cut(monkeypatch, call
     length = IDS.shape[1]
     _, least, calls = cheapest([0, 1, 3, 4, 6, 7, 8], length, lambda width: per_forward or 7, call)
     assert (positions, method.forwards) == (len(IDS) * (length + least), 1 + calls)
+
+
+def test_groups_left_to_the_budget_hold_rows_by_their_width(monkeypatch):
+    """A budget of one full-length row per call: a group of width ``w`` holds ``T // w`` perturbations."""
+    monkeypatch.setattr(evaluate, "CPU_BUDGET", 1)
+    monkeypatch.setitem(CALL_COST, "cpu", 1e6)  # the fewest calls
+    model, length = lm64("llama"), IDS.shape[1]
+    method = FeatureAblation(model, baseline=0)
+    got, _ = tokens_run(model, method, IDS, 7)
+    torch.testing.assert_close(got, FeatureAblation(model, baseline=0, reuse=False)(IDS, target=7), **ROUNDING)
+    _, _, calls = cheapest(list(range(length)), length, lambda width: max(1, length // width), 1e6)
+    assert method.forwards == 1 + calls and calls == 7  # widths 9..5 alone, then (4, 3) and (2, 1): not 9
 
 
 @pytest.mark.parametrize("call", [0.0, 3.0, 30.0])
