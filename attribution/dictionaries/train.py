@@ -128,7 +128,7 @@ def train_dictionary(
         lr: Adam's learning rate.
         seed: the seed of the row order.
         checkpoint_every: steps between checkpoints (default: a tenth of the steps).
-        progress: show progress bars.
+        progress: show progress bars on a terminal.
         l1_coefficient: the L1 penalty's weight; required for ``activation="relu"`` (its right value depends on the
             activations' scale: larger is sparser), refused for the others.
         l0_coefficient: the L0 penalty's weight; required for ``activation="jumprelu"``, refused for the others.

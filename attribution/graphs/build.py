@@ -67,7 +67,7 @@ def attribution_graph(
         max_nodes: the neuron and feature nodes kept, the most influential first (``None``: every active one).
         batch_size: rows per backward pass.
         edges_per_row: the largest entries kept of each row (the rest are dropped as the row is computed).
-        progress: show a progress bar for long calls.
+        progress: show a progress bar on a terminal for long calls.
 
     Returns:
         The graph (nodes ordered: neurons and features by layer, errors, tokens, logits).

@@ -75,7 +75,7 @@ class Evaluator:
         per_forward: perturbations per forward, or ``None`` for as many as fit :data:`MEMORY_BUDGET` (on the CPU
             :data:`CPU_BUDGET`).
         reuse: reuse a causal language model's unperturbed keys/values (see the module documentation).
-        show_progress: a progress bar on long calls.
+        show_progress: a progress bar on a terminal on long calls.
         layer: the qualified name of a module whose output is perturbed instead of the inputs (see ``_layer.py``).
 
     ``units`` is what the perturbations act on, ``(batch, *item)``: the inputs, or with ``layer`` the layer's
