@@ -48,6 +48,7 @@ from .gradients import (
     GuidedGradCAM,
     InputXGradient,
     IntegratedGradients,
+    NeuronGradient,
     Saliency,
     SmoothGrad,
 )
@@ -109,6 +110,7 @@ __all__ = [
     "LRP",
     "Heads",
     "LayerCAM",
+    "NeuronGradient",
     "Neurons",
     "Occlusion",
     "Patch",
