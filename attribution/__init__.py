@@ -58,6 +58,7 @@ from .gradients import (
     GuidedGradCAM,
     InputXGradient,
     IntegratedGradients,
+    NeuronGradient,
     Saliency,
     SmoothGrad,
 )
@@ -127,6 +128,7 @@ __all__ = [
     "LRP",
     "Heads",
     "LayerCAM",
+    "NeuronGradient",
     "Neurons",
     "Occlusion",
     "Patch",
