@@ -63,6 +63,7 @@ from .gradients import (
     SmoothGrad,
 )
 from .graphs import AttributionGraph, attribution_graph
+from .influence import linear_datamodeling_score, retrain_on_subsets
 from .lens import DirectLogitAttribution, direct_logit_attribution, logit_lens
 from .lrp import LRP, AttnLRP
 from .patching import Patch, activation_patching, attribution_patching, patch, path_patching, record
@@ -120,13 +121,13 @@ __all__ = [
     "GradientShap",
     "GuidedBackprop",
     "GuidedGradCAM",
+    "Heads",
     "HiResCAM",
     "InputXGradient",
     "IntegratedGradients",
     "KernelSHAP",
     "LIME",
     "LRP",
-    "Heads",
     "LayerCAM",
     "NeuronGradient",
     "Neurons",
@@ -162,6 +163,7 @@ __all__ = [
     "faithfulness",
     "faithfulness_curve",
     "feature_statistics",
+    "linear_datamodeling_score",
     "load_dictionary",
     "logit_lens",
     "mean_patching",
@@ -170,6 +172,7 @@ __all__ = [
     "path_patching",
     "probe",
     "record",
+    "retrain_on_subsets",
     "score",
     "splice",
     "steer",
