@@ -53,3 +53,12 @@ def test_retrain_on_subsets_is_seeded_and_passes_the_indices():
         assert outputs[row].tolist() == [indices.sum().item(), -indices.sum().item()]
     with pytest.raises(ValueError, match="fraction"):
         retrain_on_subsets(train_fn, 10, fraction=0.0)
+
+
+def test_a_test_example_whose_outputs_never_change_is_nan_and_left_out_of_the_mean():
+    scores = torch.tensor([[1.0, 2.0, 3.0], [0.5, -1.0, 2.0]])
+    subsets = torch.tensor([[True, False, False], [False, True, True], [True, True, False]])
+    outputs = torch.tensor([[0.1, 4.0], [0.9, 4.0], [0.5, 4.0]])  # the second example's output is constant
+    mean, per_example = linear_datamodeling_score(scores, subsets, outputs)
+    assert per_example[0] == pytest.approx(1.0, abs=1e-12) and torch.isnan(per_example[1])
+    assert mean == pytest.approx(1.0, abs=1e-12)
