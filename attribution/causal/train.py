@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
@@ -32,7 +31,7 @@ def train_intervention(
     lr: float = 1e-3,
     batch_size: int = 64,
     seed: int = 0,
-    checkpoint: str | os.PathLike[str] | None = None,
+    checkpoint: str | Path | None = None,
 ) -> nn.Module:
     """Train ``intervention`` at ``site`` so that the intervened model outputs ``labels`` (DAS, Geiger et al. 2023).
 
