@@ -72,12 +72,14 @@ def record_rows(
 
     with HookedRun(eager_module(model), "probe") as run:
         hook_site(run.group, names, site, element, keep)
+        seen = 0
         for batch in batches(data, batch_size):
-            before = sum(len(r) for r in kept[names[0]])
+            chunks = len(kept[names[0]])
             run.forward(batch)
-            count = sum(len(r) for r in kept[names[0]]) - before
+            count = sum(len(r) for r in kept[names[0]][chunks:])
             found = token_keys(batch, position, count)
-            keys.append(found if found is not None else -1 - torch.arange(before, before + count))
+            keys.append(found if found is not None else -1 - torch.arange(seen, seen + count))
+            seen += count
     if not keys or not kept[names[0]]:
         raise ValueError(f"`data` gave no activations at {names}: give at least one batch")
     return {name: torch.cat(r) for name, r in kept.items()}, torch.cat(keys)

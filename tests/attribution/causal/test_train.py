@@ -62,32 +62,17 @@ def test_a_checkpointed_run_resumes_to_the_same_intervention(tmp_path):
     )
     torch.manual_seed(0)
     ckpt = tmp_path / "das.pt"
-    first = train_intervention(
-        model,
-        base,
-        source,
-        labels,
-        RotatedSubspace(4, 1).double(),
-        Site("2"),
-        epochs=1,
-        lr=0.05,
-        batch_size=32,
-        checkpoint=ckpt,
-    )
+
+    def train(epochs: int) -> RotatedSubspace:
+        intervention = RotatedSubspace(4, 1).double()
+        return train_intervention(
+            model, base, source, labels, intervention, Site("2"), epochs=epochs, lr=0.05, batch_size=32, checkpoint=ckpt
+        )
+
+    first = train(1)
     assert ckpt.exists()
     torch.manual_seed(5)  # another initialisation: the checkpoint's state must win
-    resumed = train_intervention(
-        model,
-        base,
-        source,
-        labels,
-        RotatedSubspace(4, 1).double(),
-        Site("2"),
-        epochs=2,
-        lr=0.05,
-        batch_size=32,
-        checkpoint=ckpt,
-    )
+    resumed = train(2)
     torch.testing.assert_close(resumed.rotation, straight.rotation, rtol=0, atol=1e-12)
     assert first is not resumed
 
