@@ -226,3 +226,17 @@ def test_a_clean_value_given_is_used_instead_of_a_clean_run():
     clean = float(model(x)[:, 0].mean())
     assert causal_check(model, result, "0", x, lambda out: out[:, 0], clean=clean) == pytest.approx(measured, abs=1e-12)
     assert causal_check(model, result, "0", x, lambda out: out[:, 0], clean=clean + 1.0) == pytest.approx(measured - 1)
+
+
+def test_a_metric_that_raises_leaves_no_hook_behind():
+    x, y, _ = planted(100, seed=16)
+    model = identity_then_head(torch.ones(D, dtype=torch.float64))
+    result = probe(model, x, y, "0")
+
+    def broken(out: torch.Tensor) -> torch.Tensor:
+        raise RuntimeError("metric failed")
+
+    with pytest.raises(RuntimeError, match="metric failed"):
+        causal_check(model, result, "0", x, broken, clean=0.0)  # fails inside the intervened run
+    assert not any(m._forward_hooks or m._forward_pre_hooks for m in model.modules())
+    assert torch.equal(model(x), identity_then_head(torch.ones(D, dtype=torch.float64))(x))
