@@ -329,8 +329,12 @@ def test_the_model_is_left_exactly_as_it_was_also_on_error(images):
         before = model(images)
     model.train()
     phi = torch.randn_like(images)
-    infidelity(model, phi, images, gaussian(), 0, n=4)
-    sensitivity_max(Saliency(model), images, 0, n=4)
+    in_train_mode = infidelity(model, phi, images, gaussian(), 0, n=4)
+    moved = sensitivity_max(Saliency(model), images, 0, n=4)
+    model.eval()  # both run in eval mode: dropout off, so the numbers are those of the eval model
+    assert torch.equal(in_train_mode, infidelity(model, phi, images, gaussian(), 0, n=4))
+    assert torch.equal(moved, sensitivity_max(Saliency(model), images, 0, n=4))
+    model.train()
 
     def broken(inputs, generator):
         raise RuntimeError("perturbation failed")
