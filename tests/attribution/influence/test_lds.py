@@ -65,7 +65,7 @@ def test_a_test_example_whose_outputs_never_change_is_nan_and_left_out_of_the_me
 
 
 def test_lds_equals_dattris_own_toy_example():
-    """dattri's tests/metrics/test_lds.py: 2 test and 4 training examples, subsets {0,1}, {0,2}, {1,2} -> [1, sqrt(3)/2]."""
+    """dattri's test_lds: 2 test and 4 training examples, subsets {0,1}, {0,2}, {1,2} -> [1, sqrt(3)/2]."""
     scores = torch.tensor([[0.1, 0.2, 0.3, 0.4], [0.2, 0.1, 0.3, 0.4]], dtype=torch.float64)
     outputs = torch.tensor([[0.3, 0.3], [0.4, 0.4], [0.5, 0.3]], dtype=torch.float64)
     subsets = torch.zeros(3, 4, dtype=torch.bool)
