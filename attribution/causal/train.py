@@ -11,6 +11,7 @@ from torch import nn
 
 from .._run import eager_module, kept_state
 from ..patching.sites import record
+from ._prefix import Prefix, record_prefix, shifted
 from .interchange import intervening
 from .interventions import BoundlessSubspace
 from .site import Resolved, Site, resolve_site
@@ -36,7 +37,10 @@ def train_intervention(
     """Train ``intervention`` at ``site`` so that the intervened model outputs ``labels`` (DAS, Geiger et al. 2023).
 
     Only the intervention's parameters train (Adam); the model's parameters get no gradient and the model is left
-    as found. The sources' site activations are recorded once and reused across epochs. A
+    as found. The sources' site activations are recorded once and reused across epochs. On a causal language model
+    whose ``base`` is a tensor of token ids and whose site names its positions, the base's prefix before the first
+    intervened position runs once and its keys/values are reused: each step runs only the suffix (a custom ``loss``
+    then receives the suffix's output; its last position is the prompt's). A
     :class:`BoundlessSubspace`'s temperature is annealed linearly from its starting value to 0.1, as pyvene does.
 
     Args:
@@ -73,6 +77,9 @@ def train_intervention(
         for p in model.parameters():
             p.requires_grad_(False)  # restored by kept_state: no gradient buffers for the model
         source_acts = site_activations(model, sources, r, batch_size)
+        prefix = record_prefix(model, base, r, batch_size)
+        if prefix is not None:  # every step runs only the suffix after the first intervened position
+            r, source_acts = shifted(r, prefix.length, base.shape[1]), source_acts[:, prefix.length :]
         for epoch in range(start, epochs):
             order = torch.randperm(n, generator=torch.Generator().manual_seed(seed + epoch))
             for step in range(steps_per_epoch):
@@ -80,7 +87,7 @@ def train_intervention(
                 if isinstance(intervention, BoundlessSubspace):
                     intervention.temperature.fill_(float(schedule[epoch * steps_per_epoch + step]))
                 with torch.enable_grad():
-                    value = step_loss(model, r, intervention, rows, base, source_acts, labels, loss)
+                    value = step_loss(model, r, intervention, rows, base, source_acts, labels, loss, prefix)
                 if not torch.isfinite(value):
                     raise FloatingPointError(
                         f"the loss is {value.item()} at epoch {epoch}, step {step} (rows {rows[:8].tolist()}...): "
@@ -141,10 +148,11 @@ def step_loss(
     source_acts: torch.Tensor,
     labels: torch.Tensor,
     loss: Loss | None,
+    prefix: Prefix | None = None,
 ) -> torch.Tensor:
-    """One batch's loss with the intervention applied."""
+    """One batch's loss with the intervention applied (on the cached prefix where there is one)."""
     with intervening(model, [r], {r.site: source_acts[rows]}, {r.site: intervention}):
-        output = run(model, rows_of(base, rows))
+        output = run(model, rows_of(base, rows)) if prefix is None else prefix.run(model, base, rows)
     if loss is not None:
         return loss(output, labels[rows])
     return nn.functional.cross_entropy(logits_of(output), labels[rows])
