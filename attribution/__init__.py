@@ -59,6 +59,7 @@ from .gradients import (
     InputXGradient,
     IntegratedGradients,
     NeuronGradient,
+    NeuronGuidedBackprop,
     Saliency,
     SmoothGrad,
 )
@@ -74,12 +75,13 @@ from .perturbation import (
     RISE,
     FeatureAblation,
     KernelSHAP,
+    NeuronFeatureAblation,
     Occlusion,
     ShapleyValues,
     ShapleyValueSampling,
 )
 from .probes import ProbeResult, causal_check, probe
-from .reference import DeepLift, DeepLiftShap, GradientShap
+from .reference import DeepLift, DeepLiftShap, GradientShap, NeuronDeepLift
 from .rollout import AttentionRollout, GradientRollout
 
 # The modules' paths before the family folders, which the docs and existing code name: the same module objects,
@@ -129,7 +131,10 @@ __all__ = [
     "LIME",
     "LRP",
     "LayerCAM",
+    "NeuronDeepLift",
+    "NeuronFeatureAblation",
     "NeuronGradient",
+    "NeuronGuidedBackprop",
     "Neurons",
     "Occlusion",
     "Patch",

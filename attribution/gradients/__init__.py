@@ -10,6 +10,7 @@ from .guided import Deconvolution, GuidedBackprop
 from .guided_gradcam import GuidedGradCAM
 from .integrated import IntegratedGradients
 from .neuron import NeuronGradient
+from .neuron_guided import NeuronGuidedBackprop
 from .saliency import InputXGradient, Saliency
 from .smoothgrad import SmoothGrad
 
@@ -20,6 +21,7 @@ __all__ = [
     "InputXGradient",
     "IntegratedGradients",
     "NeuronGradient",
+    "NeuronGuidedBackprop",
     "Saliency",
     "SmoothGrad",
 ]

@@ -18,6 +18,7 @@ from ._continuation import Continuation
 from .ablation import FeatureAblation
 from .kernel_shap import KernelSHAP
 from .lime import LIME
+from .neuron_ablation import NeuronFeatureAblation
 from .occlusion import Occlusion
 from .rise import RISE
 from .shapley import ShapleyValues, ShapleyValueSampling
@@ -30,6 +31,7 @@ __all__ = [
     "Continuation",
     "FeatureAblation",
     "KernelSHAP",
+    "NeuronFeatureAblation",
     "Occlusion",
     "ShapleyValueSampling",
     "ShapleyValues",

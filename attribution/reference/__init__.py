@@ -13,5 +13,6 @@ the rules and the correspondence with captum.
 from .._results import AttributionsWithDelta
 from .deeplift import DeepLift, DeepLiftShap
 from .gradient_shap import GradientShap, draw
+from .neuron_deeplift import NeuronDeepLift
 
-__all__ = ["AttributionsWithDelta", "DeepLift", "DeepLiftShap", "GradientShap", "draw"]
+__all__ = ["AttributionsWithDelta", "DeepLift", "DeepLiftShap", "GradientShap", "NeuronDeepLift", "draw"]

@@ -10,7 +10,7 @@ from torch import nn
 
 from hooks import map_tensors
 
-from .._run import HookedRun, no_dependence, warn
+from .._run import HookedRun, SiteTypeError, SiteValueError, did_not_run, no_dependence, warn
 from ..targets import Target, class_indices, class_logits, target_indices, target_scores
 from ._wiring import Wiring, plan
 
@@ -24,15 +24,37 @@ class Pass:
 
 
 def deeplift_pass(
-    model: nn.Module, method: str, x: torch.Tensor, ref: torch.Tensor, target: Target, eps: float
+    model: nn.Module,
+    method: str,
+    x: torch.Tensor,
+    ref: torch.Tensor,
+    target: Target,
+    eps: float,
+    *,
+    layer: str | None = None,
 ) -> Pass:
-    """One forward of ``[x; ref]`` with DeepLIFT's rules and one backward from the inputs' target scores."""
+    """One forward of ``[x; ref]`` with DeepLIFT's rules and one backward from the inputs' target scores.
+
+    With ``layer``, ``target`` scores that module's output (a callable ``layer_output -> (batch,)``) instead of the
+    model's output.
+    """
     batch = x.shape[0]
     planned = plan(model, eps)
     with HookedRun(model, method, with_grad=True) as run:
         Wiring(run.group, planned, batch)
+        seen: list[torch.Tensor] = []
+        if layer is not None:  # registered after the rules: a layer with a rule is read with its rule applied
+
+            def keep(module: nn.Module, args: Any, out: Any, *, name: str, call: int) -> None:
+                seen.append(layer_output(out, name, call))
+
+            run.group.forward(layer, keep)
         leaf = run.leaf(x)
         output = run.forward(torch.cat([leaf, ref]))
+        if layer is not None:
+            if not seen:
+                raise did_not_run("`layer`", layer)
+            output = seen[0]
         out_x, out_r = halves(output, batch)
         target = resolved(target, out_x, batch)
         scores = target_scores(out_x, target, batch)
@@ -41,6 +63,16 @@ def deeplift_pass(
             raise no_dependence("`inputs`", "inputs", scores, checkpointed=run.checkpointed)
         gain = scores.detach() - target_scores(out_r, target, batch).detach()
     return Pass(grad, gain)
+
+
+def layer_output(output: Any, name: str, call: int) -> torch.Tensor:
+    """A layer's output, checked: one floating-point tensor, from the layer's only call in the forward."""
+    if call > 0:
+        raise SiteValueError(f"`layer` {name!r} ran more than once in one forward; choose a module that runs once")
+    if not isinstance(output, torch.Tensor) or not output.is_floating_point():
+        got = f"{output.dtype} tensor" if isinstance(output, torch.Tensor) else type(output).__name__
+        raise SiteTypeError(f"`layer` {name!r} returned a {got}; name a submodule that returns a float tensor")
+    return output
 
 
 def gradient_pass(model: nn.Module, method: str, x: torch.Tensor, target: Target) -> torch.Tensor:
