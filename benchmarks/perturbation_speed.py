@@ -25,7 +25,13 @@ on all 20 prompts it took 31 minutes, 22 of them captum's ShapleyValueSampling (
    (``time.process_time``, the work done, steady on a shared machine where wall time swings 3x), wall time, and per
    prompt the model calls and the token positions they ran (rows times positions, counted at the embedding).
 
-Float32, 2 threads (part 3: one); each variant timed once per round, rounds interleaved (benchmarks/_timing.py);
+4. A small CNN (conv 3->16, ReLU, max pool, conv 16->32, ReLU, max pool, linear 2048->64, ReLU, linear 64->10;
+   random weights, eval), 8 images of 3 x 32 x 32, NeuronFeatureAblation of one unit of the second ReLU (``"4"``)
+   and of the first (``"1"``) over 4 x 4 patches (64 features, shared by the channels), baseline 0: captum's
+   ``NeuronFeatureAblation`` at ``perturbations_per_eval=1`` (its default) and 16 against ours (from the memory
+   budget, each forward stopped at the layer). One thread; CPU time (``time.process_time``), median of the rounds.
+
+Float32, 2 threads (parts 3 and 4: one); each variant timed once per round, rounds interleaved (benchmarks/_timing.py);
 each variant keeps its result, and the largest difference from captum's is reported.
 """
 
@@ -42,7 +48,7 @@ from typing import Any
 import torch
 import torchvision
 
-from attribution import FeatureAblation, Occlusion, ShapleyValueSampling
+from attribution import FeatureAblation, NeuronFeatureAblation, Occlusion, ShapleyValueSampling
 from benchmarks._timing import interleaved, setup, table
 
 
@@ -210,6 +216,54 @@ def resnet(rounds: int) -> list[list[Any]]:
     return rows
 
 
+def small_cnn_neuron(rounds: int) -> list[list[Any]]:
+    """Part 4: NeuronFeatureAblation on a small CNN, one thread, CPU time."""
+    from captum.attr import NeuronFeatureAblation as CaptumNFA
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(
+        torch.nn.Conv2d(3, 16, 3, padding=1),
+        torch.nn.ReLU(),
+        torch.nn.MaxPool2d(2),
+        torch.nn.Conv2d(16, 32, 3, padding=1),
+        torch.nn.ReLU(),
+        torch.nn.MaxPool2d(2),
+        torch.nn.Flatten(),
+        torch.nn.Linear(32 * 8 * 8, 64),
+        torch.nn.ReLU(),
+        torch.nn.Linear(64, 10),
+    ).eval()
+    x = torch.randn(8, 3, 32, 32)
+    mask = (torch.arange(32)[:, None] // 4 * 8 + torch.arange(32)[None, :] // 4)[None, None]  # 64 patches of 4 x 4
+    rows = []
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        for layer, neuron in (("4", (5, 7, 9)), ("1", (3, 12, 20))):
+            module = dict(model.named_modules())[layer]
+            variants = {
+                f"captum, layer {layer}, perturbations_per_eval={n}": (
+                    lambda n=n, module=module, neuron=neuron: CaptumNFA(model, module).attribute(
+                        x, neuron, feature_mask=mask, perturbations_per_eval=n
+                    )
+                )
+                for n in (1, 16)
+            }
+            variants[f"hookscope, layer {layer}"] = lambda layer=layer, neuron=neuron: NeuronFeatureAblation(
+                model, layer, feature_mask=mask[0]
+            )(x, neuron)
+            results: dict[str, Any] = {}
+            times = interleaved(kept(variants, results), repeats=rounds, warmup=1, clock=time.process_time)
+            names = list(variants)
+            reference, base = results[names[0]], times[names[0]]
+            for name in names:
+                error = (results[name] - reference).abs().max().item()
+                rows.append([name, f"{times[name] * 1e3:.1f}", f"{base / times[name]:.2f}", f"{error:.1e}"])
+    finally:
+        torch.set_num_threads(threads)
+    return rows
+
+
 def rst(header: list[str], rows: list[list[Any]]) -> str:
     """A reStructuredText simple table."""
     cells = [[str(c) for c in r] for r in [header, *rows]]
@@ -235,6 +289,7 @@ def main() -> None:
     parser.add_argument("--skip-smollm2", action="store_true")
     parser.add_argument("--skip-per-prompt", action="store_true", help="skip part 3 (one prompt per call, 1 thread)")
     parser.add_argument("--skip-resnet", action="store_true")
+    parser.add_argument("--skip-neuron", action="store_true", help="skip part 4 (NeuronFeatureAblation, small CNN)")
     parser.add_argument("--write-inc", action="store_true", help="write docs/methods/perturbation_speed.inc")
     args = parser.parse_args()
     setup(2)
@@ -268,6 +323,13 @@ def main() -> None:
     if not args.skip_resnet:
         title = "resnet50 (random weights), 1 x 3 x 224 x 224, Occlusion window (3, 56, 56), stride (3, 28, 28)"
         parts.append((title, ["variant", "s", "x captum's best", "max abs diff vs captum"], resnet(args.rounds)))
+    if not args.skip_neuron:
+        title = (
+            "small CNN, 8 x 3 x 32 x 32, NeuronFeatureAblation over 64 patches of 4 x 4, one thread, CPU time, "
+            f"median of {max(args.rounds, 5)} rounds"
+        )
+        header = ["variant", "CPU ms", "x captum (ppe=1)", "max abs diff"]
+        parts.append((title, header, small_cnn_neuron(max(args.rounds, 5))))
     after = load()
     for title, header, rows in parts:
         print(f"\n{title}\n{table(header, rows)}")
