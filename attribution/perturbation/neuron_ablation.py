@@ -100,6 +100,7 @@ class NeuronFeatureAblation:
         perturbations_per_forward: int | None = None,
         show_progress: bool = True,
     ) -> None:
+        # checked as FeatureAblation checks them (the model, its eager module, perturbations_per_forward)
         ablation = FeatureAblation(model, feature_mask, baseline, perturbations_per_forward=perturbations_per_forward)
         name = check_layer(ablation.model, layer, "NeuronFeatureAblation")
         assert name is not None

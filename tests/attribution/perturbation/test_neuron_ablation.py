@@ -123,3 +123,15 @@ def test_bad_input_and_model_left_as_found() -> None:
         NeuronFeatureAblation(model, "conv9")
     with pytest.raises(ValueError, match="must name one module"):
         NeuronFeatureAblation(model, "*")
+
+
+def test_token_ids_default_to_token_zero_without_a_config() -> None:
+    model = nn.Sequential(nn.Embedding(5, 2), nn.Flatten(), nn.Linear(6, 1)).double()
+    with torch.no_grad():
+        model[0].weight.copy_(torch.arange(10, dtype=F64).reshape(5, 2))  # token t -> [2t, 2t + 1]
+    ids = torch.tensor([[1, 3, 2]])
+    # unit (position 1, dim 0) = 2 * 3 = 6; only token 1 changes it: to token 0, value 0, drop 6
+    got = NeuronFeatureAblation(model, "0")(ids, (1, 0))
+    torch.testing.assert_close(got, torch.tensor([[0.0, 6.0, 0.0]], dtype=F64))
+    got = NeuronFeatureAblation(model, "0", baseline=4)(ids, (1, 0))  # token 4: value 8, drop -2
+    torch.testing.assert_close(got, torch.tensor([[0.0, -2.0, 0.0]], dtype=F64))
