@@ -1,0 +1,173 @@
+"""Per-example gradients by hooks: each module's input ``a`` and output gradient ``delta``, in one forward and backward.
+
+A backward hook of :mod:`hooks` gets, for every call of a chosen module, its input and the gradient of the summed
+per-example losses with respect to its output; the module's rule (:mod:`._rules`) turns them into one gradient per
+example. A module called several times adds up its calls, and a parameter shared by several modules (tied
+embeddings) adds up its modules. A module run once for the whole batch whose output is broadcast (GPT-2's position
+embedding: batch size 1 in its output) has that output expanded to the batch in a forward hook, so each example gets
+its own share of the gradient.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch import Tensor, nn
+
+from hooks import HookManager, ModuleTarget, resolve
+
+from .._run import kept_state
+from ._batches import Loss, check_loss, forward, labels_of, per_example_losses
+from ._rules import needs_plain_module, rule_for
+
+if TYPE_CHECKING:
+    from .projection import RandomProjection
+
+_SUPPORTED = "nn.Linear, nn.Conv1d, nn.Conv2d, nn.Embedding, nn.LayerNorm, RMSNorm modules, HuggingFace Conv1D"
+
+
+def select_modules(model: nn.Module, modules: ModuleTarget | None) -> list[tuple[str, nn.Module]]:
+    """The modules with trainable parameters of their own in ``modules`` (each with its submodules); all by default.
+
+    A module elsewhere that uses one of their parameters (a tied unembedding) is chosen too, so that a parameter's
+    gradient is the sum over all its uses.
+
+    Raises:
+        ValueError: a module with trainable parameters has no per-example rule, or nothing is trainable.
+    """
+    pairs = list(model.named_modules()) if modules is None else resolve(model, modules, "`modules`")
+    seen: dict[int, tuple[str, nn.Module]] = {}
+    for name, module in pairs:
+        for sub_name, sub in module.named_modules(prefix=name):
+            if id(sub) not in seen and any(p.requires_grad for p in sub.parameters(recurse=False)):
+                seen[id(sub)] = (sub_name, sub)
+    shared = {id(p) for _, m in seen.values() for p in m.parameters(recurse=False) if p.requires_grad}
+    for name, module in model.named_modules():  # every user of a chosen parameter (tied weights)
+        if id(module) not in seen and any(id(p) in shared for p in module.parameters(recurse=False)):
+            seen[id(module)] = (name, module)
+    chosen = list(seen.values())
+    unsupported = [
+        f"{name!r} ({type(module).__name__})"
+        for name, module in chosen
+        if rule_for(module) is None
+        or any(p.requires_grad and key not in ("weight", "bias") for key, p in module.named_parameters(recurse=False))
+    ]
+    if unsupported:
+        raise ValueError(
+            f"no per-example gradient rule for {', '.join(unsupported[:5])}{', ...' if len(unsupported) > 5 else ''}: "
+            f"rules exist for {_SUPPORTED} (an embedding without scale_grad_by_freq). Leave it out with `modules=` "
+            "(names or globs of the modules you want), or freeze its parameters (requires_grad_(False))"
+        )
+    if not chosen:
+        raise ValueError(
+            "no module with trainable parameters was chosen: every parameter has requires_grad=False, or `modules` "
+            "names modules without parameters; unfreeze the parameters you want gradients of"
+        )
+    return chosen
+
+
+def per_example_gradients(
+    model: nn.Module,
+    batch: Any,
+    loss: Loss,
+    modules: ModuleTarget | None = None,
+    projection: RandomProjection | None = None,
+) -> dict[str, Tensor]:
+    """The gradient of each example's loss for every trainable parameter of the chosen modules.
+
+    One forward and one backward of the batch, with :mod:`hooks` recording each module call's input and output
+    gradient (see :mod:`attribution.influence`). The model runs in eval mode and is left exactly as found (modes,
+    hooks, ``requires_grad``, ``.grad``: the backward goes through ``torch.autograd.grad``).
+
+    Args:
+        model: the model, batch first in every chosen module.
+        batch: ``(inputs, labels)`` or a dict with a ``labels`` key whose other keys are keyword inputs.
+        loss: a callable ``(outputs, batch) -> (batch,)`` or an ``nn.Module`` with ``reduction="none"``.
+        modules: names, globs or module objects (with their submodules); default every module with trainable
+            parameters. Frozen parameters are left out.
+        projection: a :class:`RandomProjection` applied to each parameter's flattened gradient.
+
+    Returns:
+        Parameter name (as in ``model.named_parameters()``) -> ``(batch, *parameter.shape)``, or ``(batch, dim)``
+        projected.
+
+    Raises:
+        ValueError: a mean-reduced loss, a module without a rule, a non-finite loss, a module whose output is not
+            batch first.
+
+    Example:
+        >>> import torch
+        >>> model = torch.nn.Sequential(torch.nn.Linear(3, 2))
+        >>> x, y = torch.randn(4, 3), torch.tensor([0, 1, 1, 0])
+        >>> grads = per_example_gradients(model, (x, y), torch.nn.CrossEntropyLoss(reduction="none"))
+        >>> {name: tuple(g.shape) for name, g in grads.items()}
+        {'0.weight': (4, 2, 3), '0.bias': (4, 2)}
+    """
+    check_loss(loss)
+    chosen = select_modules(model, modules)
+    size = labels_of(batch).shape[0]
+    params = {id(p): p for _, m in chosen for p in m.parameters(recurse=False) if p.requires_grad}
+    with kept_state(model):
+        sums = _run(model, batch, loss, chosen, list(params.values()), size)
+    result = {
+        name: sums.get(id(p), p.new_zeros(size, *p.shape)) for name, p in model.named_parameters() if id(p) in params
+    }
+    if projection is not None:
+        result = {name: projection(name, g) for name, g in result.items()}
+    return result
+
+
+def _run(
+    model: nn.Module, batch: Any, loss: Loss, chosen: list[tuple[str, nn.Module]], params: list[Tensor], size: int
+) -> dict[int, Tensor]:
+    """Run the hooked forward and backward; return ``id(parameter) -> (batch, *shape)`` summed over uses."""
+    sums: dict[int, Tensor] = {}
+    deferred: list[tuple[nn.Module, Tensor, Tensor]] = []
+
+    def add(module: nn.Module, a: Tensor, delta: Tensor) -> None:
+        rule = rule_for(module)
+        assert rule is not None
+        for key, g in rule(module, a, delta).items():
+            p = getattr(module, key)
+            if isinstance(p, Tensor) and p.requires_grad:
+                sums[id(p)] = sums[id(p)] + g if id(p) in sums else g
+
+    def broadcast(module: nn.Module, args: Any, output: Any) -> Any:
+        if isinstance(output, Tensor) and output.ndim and output.shape[0] == 1 and size > 1:
+            return output.expand(size, *output.shape[1:])  # each example's share of a batch-wide call
+        return None
+
+    def take(module: nn.Module, grad_input: Any, grad_output: Any, *, name: str, args: Any, kwargs: Any) -> None:
+        delta = grad_output[0]
+        if delta is None:
+            return
+        a = (args[0] if args else next(iter(kwargs.values()))).detach()
+        if a.shape[0] == 1 and size > 1:
+            a = a.expand(size, *a.shape[1:])
+        if delta.shape[0] != size or a.shape[0] != size:
+            raise ValueError(
+                f"module {name!r} ({type(module).__name__}) has input {tuple(a.shape)} and output gradient "
+                f"{tuple(delta.shape)}, but the batch has {size} examples: per-example rules need the batch first in "
+                "every chosen module (not sequence-first); leave it out with `modules=`"
+            )
+        if needs_plain_module(module):  # the rule runs the module: after the hooks are gone
+            deferred.append((module, a, delta.clone()))
+        else:
+            add(module, a, delta)
+
+    targets = [module for _, module in chosen]
+    with HookManager(model) as manager, torch.enable_grad():
+        group = manager.group("per-example-gradients")
+        group.forward(targets, broadcast)
+        group.backward(targets, take)
+        losses = per_example_losses(loss, forward(model, batch), batch, size)
+        if not losses.requires_grad:
+            raise ValueError(
+                "the loss does not depend on any trainable parameter of the chosen modules (no graph): unfreeze them, "
+                "or choose modules on the path to the loss"
+            )
+        torch.autograd.grad(losses.sum(), params, allow_unused=True)
+    for module, a, delta in deferred:
+        add(module, a, delta)
+    return sums

@@ -1,0 +1,191 @@
+"""Per-example gradients by hooks equal a loop of single-example ``torch.autograd.grad`` (float64, 1e-10 relative)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+from attribution.influence import per_example_gradients
+from attribution.influence._rules import conv, embedding, linear
+from tests.attribution.models import tiny_llama
+from tests.support import hook_state
+
+CE = nn.CrossEntropyLoss(reduction="none")
+
+
+class GroupedCNN(nn.Module):
+    """Convolutions with groups, dilation, stride, reflect and "same" padding, a Conv1d, a LayerNorm and a Linear."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.c1 = nn.Conv2d(4, 6, (3, 2), stride=(2, 1), padding=(1, 2), dilation=(1, 2), groups=2)
+        self.c2 = nn.Conv2d(6, 4, 3, padding="same", padding_mode="reflect", bias=False)
+        self.c3 = nn.Conv1d(4, 3, 2, stride=2, dilation=2, padding=1, groups=1)
+        self.norm = nn.LayerNorm(3)
+        self.fc = nn.Linear(3, 5)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = torch.relu(self.c1(x))
+        h = self.c2(h).mean(2)
+        h = self.c3(h).transpose(1, 2)
+        return self.fc(self.norm(h)).mean(1)
+
+
+def loop_gradients(model, batches, loss_of) -> list[dict[str, torch.Tensor]]:
+    """The slow reference: one ``torch.autograd.grad`` per example."""
+    names, params = zip(*[(n, p) for n, p in model.named_parameters() if p.requires_grad], strict=True)
+    out = []
+    for batch in batches:
+        grads = torch.autograd.grad(loss_of(batch).sum(), params, allow_unused=True)
+        out.append({n: torch.zeros_like(p) if g is None else g for n, p, g in zip(names, params, grads, strict=True)})
+    return out
+
+
+def assert_matches_loop(grads, reference, rtol=1e-10):
+    assert set(grads) == set(reference[0])
+    for name, g in grads.items():
+        expected = torch.stack([r[name] for r in reference])
+        scale = expected.abs().max().clamp_min(1e-300)
+        assert (g - expected).abs().max() <= rtol * scale, name
+
+
+def cnn_setting():
+    torch.manual_seed(0)
+    model = GroupedCNN().double().eval()
+    x = torch.randn(3, 4, 7, 5, dtype=torch.float64)  # non-square
+    y = torch.tensor([0, 3, 4])
+    return model, x, y
+
+
+def test_cnn_with_groups_dilation_stride_and_padding_modes_equals_the_loop():
+    model, x, y = cnn_setting()
+    grads = per_example_gradients(model, (x, y), CE)
+    reference = loop_gradients(model, [(x[i : i + 1], y[i : i + 1]) for i in range(3)], lambda b: CE(model(b[0]), b[1]))
+    assert_matches_loop(grads, reference)
+    assert grads["c1.weight"].shape == (3, 6, 2, 3, 2)
+
+
+def lm_loss(outputs, batch):
+    """Next-token cross-entropy per sequence, padding positions (label -100) left out."""
+    logits, labels = outputs.logits[:, :-1], batch["labels"][:, 1:]
+    return nn.functional.cross_entropy(logits.transpose(1, 2), labels, reduction="none").sum(1)
+
+
+def lm_reference(model, ids, mask):
+    batches = [{"input_ids": ids[i : i + 1], "labels": ids[i : i + 1]} for i in range(3)]
+    return loop_gradients(model, batches, lambda b: lm_loss(model(input_ids=b["input_ids"]), b))
+
+
+@pytest.mark.slow
+def test_tiny_llama_with_tied_embeddings_and_padding_idx_equals_the_loop():
+    model = tiny_llama(tie_word_embeddings=True, pad_token_id=0).double()
+    assert model.lm_head.weight is model.model.embed_tokens.weight and model.model.embed_tokens.padding_idx == 0
+    ids = torch.randint(1, 50, (3, 7), generator=torch.Generator().manual_seed(1))
+    ids[0, 2] = ids[2, 4] = 0  # the padding token, used as a token
+    mask = torch.ones_like(ids)
+    grads = per_example_gradients(model, {"input_ids": ids, "labels": ids}, lm_loss)
+    assert_matches_loop(grads, lm_reference(model, ids, mask))
+    embed = grads["model.embed_tokens.weight"]
+    assert "lm_head.weight" not in grads  # tied: one parameter, named as named_parameters() names it
+    assert embed[:, 0].abs().max() > 0  # the padding row gets the unembedding's use only
+    # a tied parameter chosen through one of its modules still gets the sum of all its uses
+    lone = per_example_gradients(model, {"input_ids": ids, "labels": ids}, lm_loss, modules="model.embed_tokens")
+    assert list(lone) == ["model.embed_tokens.weight"] and torch.equal(lone["model.embed_tokens.weight"], embed)
+    untied = tiny_llama(tie_word_embeddings=False, pad_token_id=0).double()
+    rows = per_example_gradients(untied, {"input_ids": ids, "labels": ids}, lm_loss, modules="model.embed_tokens")
+    assert torch.equal(rows["model.embed_tokens.weight"][:, 0], torch.zeros_like(embed[:, 0]))
+    assert rows["model.embed_tokens.weight"][:, 1:].abs().sum(-1).gt(0).any()
+
+
+@pytest.mark.slow
+def test_tiny_gpt2_with_conv1d_broadcast_position_embedding_and_tied_head_equals_the_loop():
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    config = transformers.GPT2Config(vocab_size=40, n_embd=16, n_layer=2, n_head=2, n_positions=16, bos_token_id=0,
+                                     eos_token_id=0)  # fmt: skip
+    model = transformers.GPT2LMHeadModel(config).double().eval()
+    ids = torch.randint(0, 40, (3, 6), generator=torch.Generator().manual_seed(2))
+    grads = per_example_gradients(model, {"input_ids": ids, "labels": ids}, lm_loss)
+    assert_matches_loop(grads, lm_reference(model, ids, torch.ones_like(ids)))
+    assert grads["transformer.h.0.attn.c_attn.weight"].shape == (3, 16, 48)  # Conv1D: (in, out)
+    wpe = grads["transformer.wpe.weight"]
+    assert not torch.equal(wpe[0], wpe[1])  # each example its own share of the batch-wide call
+
+
+def test_module_called_twice_sums_its_calls_and_frozen_parameters_are_left_out():
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(3, 3), nn.Tanh(), nn.Linear(3, 2)).double()
+    model[2].bias.requires_grad_(False)
+
+    class Twice(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.inner = model
+
+        def forward(self, x):
+            return self.inner(torch.cat([self.inner[0](x), x[:, :0]], 1) + x)
+
+    twice = Twice()
+    x, y = torch.randn(4, 3, dtype=torch.float64), torch.tensor([0, 1, 1, 0])
+    grads = per_example_gradients(twice, (x, y), CE)
+    assert "inner.2.bias" not in grads
+    reference = loop_gradients(twice, [(x[i : i + 1], y[i : i + 1]) for i in range(4)], lambda b: CE(twice(b[0]), b[1]))
+    assert_matches_loop(grads, reference)
+
+
+def test_rules_against_formulas_written_out():
+    g = torch.Generator().manual_seed(0)
+    a, delta = torch.randn(2, 3, 4, generator=g, dtype=torch.float64), torch.randn(2, 3, 5, generator=g).double()
+    w = linear(a, delta, bias=True)
+    expected = torch.stack([sum(torch.outer(delta[b, t], a[b, t]) for t in range(3)) for b in range(2)])
+    torch.testing.assert_close(w["weight"], expected, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(w["bias"], delta.sum(1))
+    idx = torch.tensor([[1, 1, 3], [0, 2, 2]])
+    e = embedding(idx, delta, num_embeddings=4, padding_idx=2)["weight"]
+    torch.testing.assert_close(e[0, 1], delta[0, 0] + delta[0, 1])
+    assert torch.equal(e[1, 2], torch.zeros(5, dtype=torch.float64)) and torch.equal(e[1, 0], delta[1, 0])
+    x, d = torch.randn(1, 2, 5, generator=g).double(), torch.randn(1, 2, 2, generator=g).double()  # 1-D conv
+    c = conv(x, d, kernel_size=(2,), stride=(2,), padding=(0,), dilation=(1,), groups=2, bias=False)["weight"]
+    assert c.shape == (1, 2, 1, 2)
+    assert c[0, 1, 0, 1].item() == pytest.approx(float(d[0, 1, 0] * x[0, 1, 1] + d[0, 1, 1] * x[0, 1, 3]))
+
+
+def test_model_is_left_as_found():
+    model, x, y = cnn_setting()
+    model.train()
+    model.c2.weight.requires_grad_(False)
+    model.fc.weight.grad = sentinel = torch.ones_like(model.fc.weight)
+    before, hooks_before = {k: v.clone() for k, v in model.state_dict().items()}, hook_state(model)
+    grads = per_example_gradients(model, (x, y), CE)
+    assert "c2.weight" not in grads
+    assert model.training and all(m.training for m in model.modules())
+    assert not model.c2.weight.requires_grad and model.fc.weight.requires_grad
+    assert model.fc.weight.grad is sentinel and model.c1.weight.grad is None
+    assert hook_state(model) == hooks_before
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
+
+
+def test_mean_reduced_loss_is_refused_saying_why():
+    model, x, y = cnn_setting()
+    with pytest.raises(ValueError, match=r"reduction='mean'.*one loss per example"):
+        per_example_gradients(model, (x, y), nn.CrossEntropyLoss())
+    with pytest.raises(ValueError, match="one number for the whole batch"):
+        per_example_gradients(model, (x, y), lambda out, batch: CE(out, batch[1]).mean())
+    assert hook_state(model) == hook_state(cnn_setting()[0])
+
+
+def test_unsupported_module_is_named():
+    model = nn.Sequential(nn.Linear(3, 4), nn.BatchNorm1d(4), nn.Linear(4, 2))
+    x, y = torch.randn(5, 3), torch.randint(0, 2, (5,))
+    with pytest.raises(ValueError, match=r"'1' \(BatchNorm1d\).*modules="):
+        per_example_gradients(model, (x, y), CE)
+    grads = per_example_gradients(model, (x, y), CE, modules=["0", "2"])  # left out: fine
+    assert list(grads) == ["0.weight", "0.bias", "2.weight", "2.bias"]
+
+
+def test_non_finite_loss_names_the_examples():
+    model, x, y = cnn_setting()
+    x[1, 0, 0, 0] = float("nan")
+    with pytest.raises(ValueError, match=r"not finite for examples \[1\]"):
+        per_example_gradients(model, (x, y), CE)
