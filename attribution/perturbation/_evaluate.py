@@ -29,17 +29,12 @@ from torch import nn
 
 from hooks import hooked_modules, tensors
 
+from .._kv import returned_cache, usable_cache
 from .._progress import progress
 from .._run import HookedRun, warn
 from ..models import cache_keyword, takes_logits_to_keep
 from ..targets import Target, check_target, class_indices, class_logits, target_scores
-from ._cache import (
-    first_changes,
-    prefix_cache,
-    prefix_groups,
-    returned_cache,
-    usable_cache,
-)
+from ._cache import first_changes, prefix_cache, prefix_groups
 from ._continuation import Continuation, continuation_scores
 from ._layer import LayerSite, close_scores
 from ._masks import Baseline, baseline_batch

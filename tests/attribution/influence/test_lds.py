@@ -62,3 +62,15 @@ def test_a_test_example_whose_outputs_never_change_is_nan_and_left_out_of_the_me
     mean, per_example = linear_datamodeling_score(scores, subsets, outputs)
     assert per_example[0] == pytest.approx(1.0, abs=1e-12) and torch.isnan(per_example[1])
     assert mean == pytest.approx(1.0, abs=1e-12)
+
+
+def test_lds_equals_dattris_own_toy_example():
+    """dattri's test_lds: 2 test and 4 training examples, subsets {0,1}, {0,2}, {1,2} -> [1, sqrt(3)/2]."""
+    scores = torch.tensor([[0.1, 0.2, 0.3, 0.4], [0.2, 0.1, 0.3, 0.4]], dtype=torch.float64)
+    outputs = torch.tensor([[0.3, 0.3], [0.4, 0.4], [0.5, 0.3]], dtype=torch.float64)
+    subsets = torch.zeros(3, 4, dtype=torch.bool)
+    for row, kept in enumerate([[0, 1], [0, 2], [1, 2]]):
+        subsets[row, kept] = True
+    mean, per_example = linear_datamodeling_score(scores, subsets, outputs)
+    torch.testing.assert_close(per_example, torch.tensor([1.0, 3**0.5 / 2], dtype=torch.float64), rtol=0, atol=1e-12)
+    assert abs(mean.item() - (1 + 3**0.5 / 2) / 2) < 1e-12
