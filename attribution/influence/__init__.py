@@ -6,7 +6,8 @@ preconditioner (the identity for TracIn), without division by the training set s
 (``reduction="none"``, or a callable ``(outputs, batch) -> (batch,)``); a mean-reduced loss is refused.
 """
 
+from .function import InfluenceFunction
 from .gradients import per_example_gradients
 from .lds import linear_datamodeling_score, retrain_on_subsets
 
-__all__ = ["linear_datamodeling_score", "per_example_gradients", "retrain_on_subsets"]
+__all__ = ["InfluenceFunction", "linear_datamodeling_score", "per_example_gradients", "retrain_on_subsets"]
