@@ -211,3 +211,77 @@ def test_bad_input_is_refused_with_the_cause() -> None:
         InfluenceFunction(embedded, CE, method="ekfac")
     with pytest.raises(ValueError, match="reduction"):
         InfluenceFunction(model, nn.CrossEntropyLoss(), method="identity")
+
+
+def _sequence_loss(out: torch.Tensor, batch: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+    return CE(out.transpose(1, 2), batch[1]).sum(1)
+
+
+def test_kfac_on_sequences_averages_inputs_over_positions_and_sums_output_gradients_per_example() -> None:
+    g = torch.Generator().manual_seed(7)
+    model = nn.Sequential(nn.Linear(3, 3)).double()
+    x = torch.randn(6, 4, 3, generator=g, dtype=torch.float64)
+    y = torch.randint(0, 3, (6, 4), generator=g)
+    ours = InfluenceFunction(model, _sequence_loss, method="kfac", damping=0.1, fisher="empirical").fit((x, y))
+    a = torch.cat([x, torch.ones(6, 4, 1, dtype=torch.float64)], dim=-1)
+    delta = torch.softmax(model(x), -1).detach() - nn.functional.one_hot(y, 3).double()
+    big_a = torch.einsum("bti,btj->ij", a, a) / 24
+    big_s = torch.einsum("bti,btj->ij", delta, delta) / 6
+    vecs = torch.einsum("bto,bti->bio", delta, a).reshape(6, -1)  # column-stacked vec(sum_t delta_t a_t^T)
+    dense = torch.kron(big_a, big_s) + 0.1 * torch.eye(12, dtype=torch.float64)
+    expected = vecs @ torch.linalg.solve(dense, vecs.T)
+    torch.testing.assert_close(ours.scores((x, y), (x, y)), expected, rtol=1e-9, atol=1e-12)
+
+
+def test_ekfac_on_a_tiny_llamas_mlps_with_labels_sampled_per_position() -> None:
+    transformers = pytest.importorskip("transformers")
+    config = transformers.LlamaConfig(
+        vocab_size=30, hidden_size=16, intermediate_size=24, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2,
+    )  # fmt: skip
+    torch.manual_seed(0)
+    model = transformers.LlamaForCausalLM(config).double().eval()
+    ids = torch.randint(0, 30, (6, 7), generator=torch.Generator().manual_seed(1))
+
+    def loss(out: object, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        logits = out.logits[:, :-1]  # type: ignore[attr-defined]
+        return CE(logits.transpose(1, 2), batch["labels"][:, 1:]).sum(1)
+
+    def sample(out: object, batch: dict[str, torch.Tensor], generator: torch.Generator) -> torch.Tensor:
+        probabilities = torch.softmax(out.logits.detach(), -1).flatten(0, 1)  # type: ignore[attr-defined]
+        return torch.multinomial(probabilities, 1, generator=generator).view(batch["labels"].shape)
+
+    train = {"input_ids": torch.cat([ids, ids[:1]]), "labels": torch.cat([ids, ids[:1]])}
+    influence = InfluenceFunction(model, loss, modules="model.layers.*.mlp.*", sample_labels=sample).fit(train)
+    scores = influence.scores({"input_ids": ids[:1], "labels": ids[:1]}, train)[0]
+    assert scores.shape == (7,) and scores[0] > 0 and scores[6] > 0
+    assert set(scores.topk(2).indices.tolist()) == {0, 6}  # the example and its duplicate
+
+
+def test_default_damping_is_a_tenth_of_the_mean_eigenvalue() -> None:
+    model, (x, y) = _classifier()
+    single = model[2]
+    h = model[1](model[0](x)).detach()
+    fitted = InfluenceFunction(nn.Sequential(single), CE, method="kfac", fisher="empirical").fit((h, y))
+    a = torch.cat([h, torch.ones(len(h), 1, dtype=torch.float64)], dim=1)
+    delta = torch.softmax(single(h), -1).detach() - nn.functional.one_hot(y, 3).double()
+    mean_eigenvalue = torch.trace(a.T @ a / len(h)) / 5 * torch.trace(delta.T @ delta / len(h)) / 3
+    explicit = InfluenceFunction(
+        nn.Sequential(single), CE, method="kfac", damping=0.1 * mean_eigenvalue.item(), fisher="empirical"
+    )
+    torch.testing.assert_close(
+        fitted.scores((h, y), (h, y)), explicit.fit((h, y)).scores((h, y), (h, y)), rtol=1e-10, atol=1e-12
+    )
+
+
+def test_sampled_labels_follow_the_models_distribution() -> None:
+    """Categorical for cross-entropy; for squared error a Gaussian of variance 1/2, so E[delta^2] = 2 = the Hessian."""
+    from attribution.influence._fisher import sampled
+
+    g = torch.Generator().manual_seed(0)
+    logits = torch.tensor([[2.0, 0.0, -1.0]], dtype=torch.float64).expand(40_000, 3)
+    counts = torch.bincount(sampled(logits, CE, g), minlength=3) / 40_000
+    torch.testing.assert_close(counts, torch.softmax(logits[0], -1).float(), rtol=0, atol=0.01)
+    outputs = torch.full((40_000, 1), 3.0, dtype=torch.float64)
+    delta = 2 * (outputs - sampled(outputs, MSE, g))
+    assert abs((delta**2).mean().item() - 2) < 0.05 and abs(delta.mean().item()) < 0.03
