@@ -11,6 +11,7 @@ from torch import Tensor, nn
 
 from hooks import ModuleTarget
 
+from .._progress import progress
 from . import _curvature as cv
 from ._batches import Loss, batches, check_loss, labels_of, per_example_losses
 from ._exact import exact_hessian
@@ -51,6 +52,7 @@ class InfluenceFunction:
             ``"empirical"`` (the true labels) for the diagonal, K-FAC and EK-FAC curvature.
         sample_labels: ``(outputs, batch, generator) -> labels`` for a loss whose distribution is not known.
         seed: the seed of the sampled labels.
+        progress: progress bars over the batches of long passes (shown on a terminal after a second).
 
     Example:
         >>> import torch
@@ -72,6 +74,7 @@ class InfluenceFunction:
         fisher: str = "sampled",
         sample_labels: SampleLabels | None = None,
         seed: int = 0,
+        progress: bool = True,
     ) -> None:
         if method not in METHODS:
             raise ValueError(f"`method` must be one of {METHODS}; got {method!r}")
@@ -80,6 +83,7 @@ class InfluenceFunction:
             check_fisher(fisher, loss, sample_labels)
         self.model, self.loss, self.modules, self.method = model, loss, modules, method
         self.damping, self.fisher, self.sample_labels, self.seed = damping, fisher, sample_labels, seed
+        self.progress = progress
         self.chosen = self._chosen()
         self.state: dict[str, Tensor] = {}
 
@@ -124,7 +128,7 @@ class InfluenceFunction:
     def _diagonal(self, train: Any, generator: torch.Generator) -> dict[str, Tensor]:
         total: dict[str, Tensor] = {}
         count = 0
-        for batch in batches(train):
+        for batch in self._batches(train, "diagonal Fisher"):
             grads = per_example_gradients(self.model, batch, self._fisher_loss(generator), self.modules)
             for name, g in grads.items():
                 total[name] = total.get(name, 0) + (g**2).sum(0)
@@ -145,7 +149,7 @@ class InfluenceFunction:
             sums[name] = [s + p for s, p in zip(sums[name], pair, strict=True)] if name in sums else pair
             positions[name] = positions.get(name, 0) + rows_a.shape[0] * rows_a.shape[1]
 
-        for batch in batches(train):
+        for batch in self._batches(train, "K-FAC factors"):
             hooked_signals(self.model, batch, self._fisher_loss(generator), self.chosen, on_signal)
             examples += labels_of(batch).shape[0]
         state: dict[str, Tensor] = {}
@@ -158,7 +162,7 @@ class InfluenceFunction:
         """Pass 2 (EK-FAC): the eigenvalues refit as the mean squared rotated per-example gradient."""
         sums: dict[str, Tensor] = {}
         count = 0
-        for batch in batches(train):
+        for batch in self._batches(train, "EK-FAC eigenvalues"):
             for name, _, block in self._blocks(batch, self._fisher_loss(generator)):
                 rotated = cv.rotate(block, self.state[f"q_s/{name}"], self.state[f"q_a/{name}"])
                 sums[name] = sums.get(name, 0) + (rotated**2).sum(0)
@@ -218,15 +222,20 @@ class InfluenceFunction:
     def scores(self, test: Any, train: Any) -> Tensor:
         """``(n_test, n_train)``: ``g_test^T P g_train`` (positive: training on the example lowers the test loss)."""
         left = torch.cat([self.preconditioned(batch) for batch in batches(test)])
-        return torch.cat([left @ self.gradients(batch).T for batch in batches(train)], dim=1)
+        return torch.cat([left @ self.gradients(batch).T for batch in self._batches(train, "influence scores")], dim=1)
 
     def self_influence(self, train: Any) -> Tensor:
         """``(n_train,)``: ``g^T P g`` of each training example with itself."""
-        return torch.cat([(self.preconditioned(b) * self.gradients(b)).sum(1) for b in batches(train)])
+        rows = self._batches(train, "self-influence")
+        return torch.cat([(self.preconditioned(b) * self.gradients(b)).sum(1) for b in rows])
 
     def top(self, test: Any, train: Any, k: int = 10, proponents: bool = True) -> tuple[Tensor, Tensor]:
         """The ``k`` strongest proponents (largest scores) or opponents (smallest) per test example."""
         return self.scores(test, train).topk(k, dim=1, largest=proponents)
+
+    def _batches(self, data: Any, what: str) -> Iterator[Any]:
+        """The batches of ``data``, with a progress bar (when asked for) that counts them."""
+        return progress(batches(data), desc=what, enabled=self.progress, unit="batch")
 
     def _check_fitted(self) -> None:
         if self.method != "identity" and "fitted" not in self.state:
