@@ -63,7 +63,7 @@ from .gradients import (
     SmoothGrad,
 )
 from .graphs import AttributionGraph, attribution_graph
-from .influence import linear_datamodeling_score, per_example_gradients, retrain_on_subsets
+from .influence import RandomProjection, linear_datamodeling_score, per_example_gradients, retrain_on_subsets
 from .lens import DirectLogitAttribution, direct_logit_attribution, logit_lens
 from .lrp import LRP, AttnLRP
 from .patching import Patch, activation_patching, attribution_patching, patch, path_patching, record
@@ -135,6 +135,7 @@ __all__ = [
     "Patch",
     "ProbeResult",
     "RISE",
+    "RandomProjection",
     "SAE",
     "Saliency",
     "ScoreCAM",
