@@ -63,7 +63,13 @@ from .gradients import (
     SmoothGrad,
 )
 from .graphs import AttributionGraph, attribution_graph
-from .influence import RandomProjection, linear_datamodeling_score, per_example_gradients, retrain_on_subsets
+from .influence import (
+    RandomProjection,
+    TracIn,
+    linear_datamodeling_score,
+    per_example_gradients,
+    retrain_on_subsets,
+)
 from .lens import DirectLogitAttribution, direct_logit_attribution, logit_lens
 from .lrp import LRP, AttnLRP
 from .patching import Patch, activation_patching, attribution_patching, patch, path_patching, record
@@ -143,6 +149,7 @@ __all__ = [
     "ShapleyValues",
     "SmoothGrad",
     "Transcoder",
+    "TracIn",
     "UnitReport",
     "XGradCAM",
     "ablate_direction",

@@ -9,5 +9,6 @@ preconditioner (the identity for TracIn), without division by the training set s
 from .gradients import per_example_gradients
 from .lds import linear_datamodeling_score, retrain_on_subsets
 from .projection import RandomProjection
+from .tracin import TracIn
 
-__all__ = ["RandomProjection", "linear_datamodeling_score", "per_example_gradients", "retrain_on_subsets"]
+__all__ = ["RandomProjection", "TracIn", "linear_datamodeling_score", "per_example_gradients", "retrain_on_subsets"]
