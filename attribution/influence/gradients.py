@@ -109,7 +109,7 @@ def per_example_gradients(
     size = labels_of(batch).shape[0]
     params = {id(p): p for _, m in chosen for p in m.parameters(recurse=False) if p.requires_grad}
     with kept_state(model):
-        sums = _run(model, batch, loss, chosen, list(params.values()), size)
+        sums = _run(model, batch, loss, chosen, size)
     result = {
         name: sums.get(id(p), p.new_zeros(size, *p.shape)) for name, p in model.named_parameters() if id(p) in params
     }
@@ -118,11 +118,10 @@ def per_example_gradients(
     return result
 
 
-def _run(
-    model: nn.Module, batch: Any, loss: Loss, chosen: list[tuple[str, nn.Module]], params: list[Tensor], size: int
-) -> dict[int, Tensor]:
+def _run(model: nn.Module, batch: Any, loss: Loss, chosen: list[tuple[str, nn.Module]], size: int) -> dict[int, Tensor]:
     """Run the hooked forward and backward; return ``id(parameter) -> (batch, *shape)`` summed over uses."""
     sums: dict[int, Tensor] = {}
+    ends: dict[int, Tensor] = {}  # what the backward differentiates with respect to
     deferred: list[tuple[nn.Module, Tensor, Tensor]] = []
 
     def add(module: nn.Module, a: Tensor, delta: Tensor) -> None:
@@ -133,7 +132,12 @@ def _run(
             if isinstance(p, Tensor) and p.requires_grad:
                 sums[id(p)] = sums[id(p)] + g if id(p) in sums else g
 
-    def broadcast(module: nn.Module, args: Any, output: Any) -> Any:
+    def broadcast(module: nn.Module, args: Any, kwargs: Any, output: Any) -> Any:
+        a = args[0] if args else next(iter(kwargs.values()), None)
+        # the backward must reach this call: through its input where that requires grad (autograd then skips the
+        # batch-summed weight gradients nobody needs), else through its own parameters
+        reached = [a] if isinstance(a, Tensor) and a.requires_grad else list(module.parameters(recurse=False))
+        ends.update({id(t): t for t in reached})
         if isinstance(output, Tensor) and output.ndim and output.shape[0] == 1 and size > 1:
             return output.expand(size, *output.shape[1:])  # each example's share of a batch-wide call
         return None
@@ -159,7 +163,7 @@ def _run(
     targets = [module for _, module in chosen]
     with HookManager(model) as manager, torch.enable_grad():
         group = manager.group("per-example-gradients")
-        group.forward(targets, broadcast)
+        group.forward(targets, broadcast, with_kwargs=True)
         group.backward(targets, take)
         losses = per_example_losses(loss, forward(model, batch), batch, size)
         if not losses.requires_grad:
@@ -167,7 +171,9 @@ def _run(
                 "the loss does not depend on any trainable parameter of the chosen modules (no graph): unfreeze them, "
                 "or choose modules on the path to the loss"
             )
-        torch.autograd.grad(losses.sum(), params, allow_unused=True)
+        ends_needed = [t for t in ends.values() if t.requires_grad]
+        if ends_needed:  # else no chosen module ran: every gradient is zero
+            torch.autograd.grad(losses.sum(), ends_needed, allow_unused=True)
     for module, a, delta in deferred:
         add(module, a, delta)
     return sums
