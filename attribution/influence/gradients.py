@@ -10,6 +10,7 @@ its own share of the gradient.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -70,15 +71,16 @@ def select_modules(model: nn.Module, modules: ModuleTarget | None) -> list[tuple
 def per_example_gradients(
     model: nn.Module,
     batch: Any,
-    loss: Loss,
+    loss: Callable[[Any, Any], Tensor] | nn.Module,
     modules: ModuleTarget | None = None,
     projection: RandomProjection | None = None,
 ) -> dict[str, Tensor]:
     """The gradient of each example's loss for every trainable parameter of the chosen modules.
 
     One forward and one backward of the batch, with :mod:`hooks` recording each module call's input and output
-    gradient (see :mod:`attribution.influence`). The model runs in eval mode and is left exactly as found (modes,
-    hooks, ``requires_grad``, ``.grad``: the backward goes through ``torch.autograd.grad``).
+    gradient, which a rule per module type turns into per-example gradients (``_rules.py``). The model runs in eval
+    mode and is left exactly as found (modes, hooks, ``requires_grad``, ``.grad``: the backward goes through
+    ``torch.autograd.grad``).
 
     Args:
         model: the model, batch first in every chosen module.

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import operator
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from functools import reduce
 from pathlib import Path
@@ -14,7 +14,7 @@ from torch import Tensor, nn
 
 from hooks import ModuleTarget
 
-from ._batches import Loss, batches, check_loss
+from ._batches import batches, check_loss
 from .gradients import per_example_gradients, select_modules
 from .projection import RandomProjection
 
@@ -54,8 +54,8 @@ class TracIn:
     def __init__(
         self,
         model: nn.Module,
-        checkpoints: Sequence[Checkpoint],
-        loss: Loss,
+        checkpoints: Sequence[tuple[Mapping[str, Tensor] | str | Path, float]],
+        loss: Callable[[Any, Any], Tensor] | nn.Module,
         modules: ModuleTarget | None = None,
         projection: RandomProjection | None = None,
     ) -> None:
