@@ -15,13 +15,13 @@ CE = nn.CrossEntropyLoss(reduction="none")
 
 
 class GroupedCNN(nn.Module):
-    """Convolutions with groups, dilation, stride, reflect and "same" padding, a Conv1d, a LayerNorm and a Linear."""
+    """Convolutions with groups, dilation, stride, "same"/reflect and circular padding, a LayerNorm and a Linear."""
 
     def __init__(self) -> None:
         super().__init__()
         self.c1 = nn.Conv2d(4, 6, (3, 2), stride=(2, 1), padding=(1, 2), dilation=(1, 2), groups=2)
         self.c2 = nn.Conv2d(6, 4, 3, padding="same", padding_mode="reflect", bias=False)
-        self.c3 = nn.Conv1d(4, 3, 2, stride=2, dilation=2, padding=1, groups=1)
+        self.c3 = nn.Conv1d(4, 3, 2, stride=2, dilation=2, padding=1, padding_mode="circular")
         self.norm = nn.LayerNorm(3)
         self.fc = nn.Linear(3, 5)
 
@@ -58,6 +58,9 @@ def assert_matches_loop(grads, reference, rtol=1e-10):
 def cnn_setting():
     torch.manual_seed(0)
     model = GroupedCNN().double().eval()
+    with torch.no_grad():
+        model.norm.weight.normal_()
+        model.norm.bias.normal_()
     x = torch.randn(3, 4, 7, 5, dtype=torch.float64)  # non-square
     y = torch.tensor([0, 3, 4])
     return model, x, y
@@ -231,6 +234,7 @@ def test_norm_gains_and_padding_idx_equal_the_loop(upcast):
     with torch.no_grad():
         model.rms.weight.normal_()
         model.ln.weight.normal_()
+        model.ln.bias.normal_()
     ids = torch.tensor([[1, 3, 3, 7, 10], [3, 0, 2, 2, 9], [4, 4, 4, 3, 1]])
     y = torch.tensor([0, 3, 1])
     grads = per_example_gradients(model, (ids, y), CE)
