@@ -122,60 +122,69 @@ def per_example_gradients(
 
 def _run(model: nn.Module, batch: Any, loss: Loss, chosen: list[tuple[str, nn.Module]], size: int) -> dict[int, Tensor]:
     """Run the hooked forward and backward; return ``id(parameter) -> (batch, *shape)`` summed over uses."""
-    sums: dict[int, Tensor] = {}
-    ends: dict[int, Tensor] = {}  # what the backward differentiates with respect to
-    deferred: list[tuple[nn.Module, Tensor, Tensor]] = []
-
-    def add(module: nn.Module, a: Tensor, delta: Tensor) -> None:
-        rule = rule_for(module)
-        assert rule is not None
-        for key, g in rule(module, a, delta).items():
-            p = getattr(module, key)
-            if isinstance(p, Tensor) and p.requires_grad:
-                sums[id(p)] = sums[id(p)] + g if id(p) in sums else g
-
-    def broadcast(module: nn.Module, args: Any, kwargs: Any, output: Any) -> Any:
-        a = args[0] if args else next(iter(kwargs.values()), None)
-        # the backward must reach this call: through its input where that requires grad (autograd then skips the
-        # batch-summed weight gradients nobody needs), else through its own parameters
-        reached = [a] if isinstance(a, Tensor) and a.requires_grad else list(module.parameters(recurse=False))
-        ends.update({id(t): t for t in reached})
-        if isinstance(output, Tensor) and output.ndim and output.shape[0] == 1 and size > 1:
-            return output.expand(size, *output.shape[1:])  # each example's share of a batch-wide call
-        return None
-
-    def take(module: nn.Module, grad_input: Any, grad_output: Any, *, name: str, args: Any, kwargs: Any) -> None:
-        delta = grad_output[0]
-        if delta is None:
-            return
-        a = (args[0] if args else next(iter(kwargs.values()))).detach()
-        if a.shape[0] == 1 and size > 1:
-            a = a.expand(size, *a.shape[1:])
-        if delta.shape[0] != size or a.shape[0] != size:
-            raise ValueError(
-                f"module {name!r} ({type(module).__name__}) has input {tuple(a.shape)} and output gradient "
-                f"{tuple(delta.shape)}, but the batch has {size} examples: per-example rules need the batch first in "
-                "every chosen module (not sequence-first); leave it out with `modules=`"
-            )
-        if needs_plain_module(module):  # the rule runs the module: after the hooks are gone
-            deferred.append((module, a, delta.clone()))
-        else:
-            add(module, a, delta)
-
-    targets = [module for _, module in chosen]
+    calls = _Calls(size)
     with HookManager(model) as manager, torch.enable_grad():
         group = manager.group("per-example-gradients")
-        group.forward(targets, broadcast, with_kwargs=True)
-        group.backward(targets, take)
+        group.forward([module for _, module in chosen], calls.forward, with_kwargs=True)
+        group.backward([module for _, module in chosen], calls.backward)
         losses = per_example_losses(loss, forward(model, batch), batch, size)
         if not losses.requires_grad:
             raise ValueError(
                 "the loss does not depend on any trainable parameter of the chosen modules (no graph): unfreeze them, "
                 "or choose modules on the path to the loss"
             )
-        ends_needed = [t for t in ends.values() if t.requires_grad]
-        if ends_needed:  # else no chosen module ran: every gradient is zero
-            torch.autograd.grad(losses.sum(), ends_needed, allow_unused=True)
-    for module, a, delta in deferred:
-        add(module, a, delta)
-    return sums
+        ends = [t for t in calls.ends.values() if t.requires_grad]
+        if ends:  # else no chosen module ran: every gradient is zero
+            torch.autograd.grad(losses.sum(), ends, allow_unused=True)
+    for module, a, delta in calls.deferred:  # the norms' rules run the norm: now that the hooks are gone
+        calls.add(module, a, delta)
+    return calls.sums
+
+
+class _Calls:
+    """What the hooks of one run gather: per-parameter sums, the tensors the backward must reach, deferred norms."""
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+        self.sums: dict[int, Tensor] = {}
+        self.ends: dict[int, Tensor] = {}  # what the backward differentiates with respect to
+        self.deferred: list[tuple[nn.Module, Tensor, Tensor]] = []
+
+    def add(self, module: nn.Module, a: Tensor, delta: Tensor) -> None:
+        """Apply the module's rule and add each trainable parameter's share to its sum."""
+        rule = rule_for(module)
+        assert rule is not None
+        for key, g in rule(module, a, delta).items():
+            p = getattr(module, key)
+            if isinstance(p, Tensor) and p.requires_grad:
+                self.sums[id(p)] = self.sums[id(p)] + g if id(p) in self.sums else g
+
+    def forward(self, module: nn.Module, args: Any, kwargs: Any, output: Any) -> Any:
+        """Note what the backward must reach; expand a batch-wide output (batch 1) to the batch."""
+        a = args[0] if args else next(iter(kwargs.values()), None)
+        # through the call's input where that requires grad (autograd then skips the batch-summed weight gradients
+        # nobody needs), else through the module's own parameters
+        reached = [a] if isinstance(a, Tensor) and a.requires_grad else list(module.parameters(recurse=False))
+        self.ends.update({id(t): t for t in reached})
+        if isinstance(output, Tensor) and output.ndim and output.shape[0] == 1 and self.size > 1:
+            return output.expand(self.size, *output.shape[1:])  # each example's share of a batch-wide call
+        return None
+
+    def backward(self, module: nn.Module, grad_in: Any, grad_output: Any, *, name: str, args: Any, kwargs: Any) -> None:
+        """Turn one call's input and output gradient into per-example gradients (a norm's: after the run)."""
+        delta = grad_output[0]
+        if delta is None:
+            return
+        a = (args[0] if args else next(iter(kwargs.values()))).detach()
+        if a.shape[0] == 1 and self.size > 1:
+            a = a.expand(self.size, *a.shape[1:])
+        if delta.shape[0] != self.size or a.shape[0] != self.size:
+            raise ValueError(
+                f"module {name!r} ({type(module).__name__}) has input {tuple(a.shape)} and output gradient "
+                f"{tuple(delta.shape)}, but the batch has {self.size} examples: per-example rules need the batch first "
+                "in every chosen module (not sequence-first); leave it out with `modules=`"
+            )
+        if needs_plain_module(module):
+            self.deferred.append((module, a, delta.clone()))
+        else:
+            self.add(module, a, delta)
