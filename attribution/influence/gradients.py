@@ -20,6 +20,7 @@ from hooks import HookManager, ModuleTarget, resolve
 
 from .._run import kept_state
 from ._batches import Loss, check_loss, forward, labels_of, per_example_losses
+from ._outside import OutsideUses
 from ._rules import needs_plain_module, rule_for
 
 if TYPE_CHECKING:
@@ -122,12 +123,20 @@ def per_example_gradients(
 
 def _run(model: nn.Module, batch: Any, loss: Loss, chosen: list[tuple[str, nn.Module]], size: int) -> dict[int, Tensor]:
     """Run the hooked forward and backward; return ``id(parameter) -> (batch, *shape)`` summed over uses."""
-    calls = _Calls(size)
+    calls, targets = _Calls(size), [module for _, module in chosen]
+    watched = {id(p) for module in targets for p in module.parameters(recurse=False) if p.requires_grad}
+    outside = OutsideUses({id(p): name for name, p in model.named_parameters() if id(p) in watched})
     with HookManager(model) as manager, torch.enable_grad():
         group = manager.group("per-example-gradients")
-        group.forward([module for _, module in chosen], calls.forward, with_kwargs=True)
-        group.backward([module for _, module in chosen], calls.backward)
-        losses = per_example_losses(loss, forward(model, batch), batch, size)
+        group.forward_pre(targets, outside.enter, with_kwargs=True)
+        group.forward(targets, calls.forward, with_kwargs=True)
+        group.forward(targets, outside.leave, with_kwargs=True)
+        group.backward(targets, calls.backward)
+        with outside:
+            outputs = forward(model, batch)
+        if outside.found:
+            raise outside.error()
+        losses = per_example_losses(loss, outputs, batch, size)
         if not losses.requires_grad:
             raise ValueError(
                 "the loss does not depend on any trainable parameter of the chosen modules (no graph): unfreeze them, "

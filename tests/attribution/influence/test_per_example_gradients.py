@@ -269,3 +269,28 @@ def test_in_place_relu_and_residual_equal_the_loop():
     grads = per_example_gradients(model, (x, y), CE)
     reference = classifier_loop(model, x, y)
     assert_matches_loop(grads, reference)
+
+
+class TiedByHand(nn.Module):
+    """Logits as ``hidden @ embed.weight.T``: a use of the embedding that no module call contains."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(7, 4)
+        self.mix = nn.Linear(4, 4)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        return (self.mix(self.embed(ids)) @ self.embed.weight.T).sum(1)
+
+
+def test_a_parameter_used_outside_its_module_is_named_not_missed():
+    ids, y = torch.tensor([[1, 2], [3, 4]]), torch.tensor([0, 6])
+    with pytest.raises(ValueError, match=r"outside their modules' calls: 'embed.weight' \(by T\)"):
+        per_example_gradients(TiedByHand(), (ids, y), CE)
+    assert list(per_example_gradients(TiedByHand(), (ids, y), CE, modules="mix")) == ["mix.weight", "mix.bias"]
+    attention = nn.MultiheadAttention(4, 2, batch_first=True)
+    attention.in_proj_weight.requires_grad_(False)
+    attention.in_proj_bias.requires_grad_(False)  # only out_proj, whose weight the parent reads itself
+    x = torch.randn(2, 3, 4)
+    with pytest.raises(ValueError, match=r"'out_proj.weight'.*nn.MultiheadAttention"):
+        per_example_gradients(attention, ((x, x, x), y), lambda out, batch: out[0].sum((1, 2)))
