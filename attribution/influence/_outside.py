@@ -3,7 +3,8 @@
 ``nn.MultiheadAttention`` reads ``out_proj.weight`` itself without calling ``out_proj``; a model may compute logits
 as ``hidden @ embed.weight.T``. The hooks of a module see only what happens inside its call, so such a use would be
 left out of the parameter's per-example gradient without a word. :class:`OutsideUses` watches the torch functions
-called during the forward while no chosen module is running and notes every chosen parameter passed to one.
+called during the forward while no chosen module is running and notes every chosen parameter passed to one whose
+result requires grad (reading ``weight.dtype`` or ``weight.detach()`` carries no gradient and is not a use).
 """
 
 from __future__ import annotations
@@ -13,6 +14,8 @@ from typing import Any
 
 from torch import nn
 from torch.overrides import TorchFunctionMode
+
+from hooks import tensors
 
 
 class OutsideUses(TorchFunctionMode):
@@ -40,12 +43,13 @@ class OutsideUses(TorchFunctionMode):
         self, func: Callable[..., Any], types: Any, args: tuple[Any, ...] = (), kwargs: dict[str, Any] | None = None
     ) -> Any:
         kwargs = kwargs or {}
-        if self.depth == 0:
+        out = func(*args, **kwargs)
+        if self.depth == 0 and any(t.requires_grad for t in tensors(out)):  # a use that can carry a gradient
             for value in (*args, *kwargs.values()):
                 name = self.params.get(id(value))
                 if name is not None:
                     self.found.setdefault(name, _function_name(func))
-        return func(*args, **kwargs)
+        return out
 
     def error(self) -> ValueError:
         """The error that names the parameters used outside their modules."""

@@ -280,13 +280,15 @@ class TiedByHand(nn.Module):
         self.mix = nn.Linear(4, 4)
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
-        return (self.mix(self.embed(ids)) @ self.embed.weight.T).sum(1)
+        h = self.embed(ids).to(self.mix.weight.dtype) * self.mix.weight.shape[0] / self.mix.weight.detach().numel()
+        return (self.mix(h) @ self.embed.weight.T).sum(1)
 
 
 def test_a_parameter_used_outside_its_module_is_named_not_missed():
     ids, y = torch.tensor([[1, 2], [3, 4]]), torch.tensor([0, 6])
     with pytest.raises(ValueError, match=r"outside their modules' calls: 'embed.weight' \(by T\)"):
         per_example_gradients(TiedByHand(), (ids, y), CE)
+    # reading mix.weight's dtype, shape or a detached copy outside its call carries no gradient: not a use
     assert list(per_example_gradients(TiedByHand(), (ids, y), CE, modules="mix")) == ["mix.weight", "mix.bias"]
     attention = nn.MultiheadAttention(4, 2, batch_first=True)
     attention.in_proj_weight.requires_grad_(False)
