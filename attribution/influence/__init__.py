@@ -9,5 +9,14 @@ preconditioner (the identity for TracIn), without division by the training set s
 from .function import InfluenceFunction
 from .gradients import per_example_gradients
 from .lds import linear_datamodeling_score, retrain_on_subsets
+from .projection import RandomProjection
+from .tracin import TracIn
 
-__all__ = ["InfluenceFunction", "linear_datamodeling_score", "per_example_gradients", "retrain_on_subsets"]
+__all__ = [
+    "InfluenceFunction",
+    "RandomProjection",
+    "TracIn",
+    "linear_datamodeling_score",
+    "per_example_gradients",
+    "retrain_on_subsets",
+]

@@ -10,6 +10,7 @@ its own share of the gradient.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -19,6 +20,7 @@ from hooks import HookManager, ModuleTarget, resolve
 
 from .._run import kept_state
 from ._batches import Loss, check_loss, forward, labels_of, per_example_losses
+from ._outside import OutsideUses
 from ._rules import needs_plain_module, rule_for
 
 if TYPE_CHECKING:
@@ -70,15 +72,16 @@ def select_modules(model: nn.Module, modules: ModuleTarget | None) -> list[tuple
 def per_example_gradients(
     model: nn.Module,
     batch: Any,
-    loss: Loss,
+    loss: Callable[[Any, Any], Tensor] | nn.Module,
     modules: ModuleTarget | None = None,
     projection: RandomProjection | None = None,
 ) -> dict[str, Tensor]:
     """The gradient of each example's loss for every trainable parameter of the chosen modules.
 
     One forward and one backward of the batch, with :mod:`hooks` recording each module call's input and output
-    gradient (see :mod:`attribution.influence`). The model runs in eval mode and is left exactly as found (modes,
-    hooks, ``requires_grad``, ``.grad``: the backward goes through ``torch.autograd.grad``).
+    gradient, which a rule per module type turns into per-example gradients (``_rules.py``). The model runs in eval
+    mode and is left exactly as found (modes, hooks, ``requires_grad``, ``.grad``: the backward goes through
+    ``torch.autograd.grad``).
 
     Args:
         model: the model, batch first in every chosen module.
@@ -109,7 +112,7 @@ def per_example_gradients(
     size = labels_of(batch).shape[0]
     params = {id(p): p for _, m in chosen for p in m.parameters(recurse=False) if p.requires_grad}
     with kept_state(model):
-        sums = _run(model, batch, loss, chosen, list(params.values()), size)
+        sums = _run(model, batch, loss, chosen, size)
     result = {
         name: sums.get(id(p), p.new_zeros(size, *p.shape)) for name, p in model.named_parameters() if id(p) in params
     }
@@ -118,56 +121,79 @@ def per_example_gradients(
     return result
 
 
-def _run(
-    model: nn.Module, batch: Any, loss: Loss, chosen: list[tuple[str, nn.Module]], params: list[Tensor], size: int
-) -> dict[int, Tensor]:
+def _run(model: nn.Module, batch: Any, loss: Loss, chosen: list[tuple[str, nn.Module]], size: int) -> dict[int, Tensor]:
     """Run the hooked forward and backward; return ``id(parameter) -> (batch, *shape)`` summed over uses."""
-    sums: dict[int, Tensor] = {}
-    deferred: list[tuple[nn.Module, Tensor, Tensor]] = []
-
-    def add(module: nn.Module, a: Tensor, delta: Tensor) -> None:
-        rule = rule_for(module)
-        assert rule is not None
-        for key, g in rule(module, a, delta).items():
-            p = getattr(module, key)
-            if isinstance(p, Tensor) and p.requires_grad:
-                sums[id(p)] = sums[id(p)] + g if id(p) in sums else g
-
-    def broadcast(module: nn.Module, args: Any, output: Any) -> Any:
-        if isinstance(output, Tensor) and output.ndim and output.shape[0] == 1 and size > 1:
-            return output.expand(size, *output.shape[1:])  # each example's share of a batch-wide call
-        return None
-
-    def take(module: nn.Module, grad_input: Any, grad_output: Any, *, name: str, args: Any, kwargs: Any) -> None:
-        delta = grad_output[0]
-        if delta is None:
-            return
-        a = (args[0] if args else next(iter(kwargs.values()))).detach()
-        if a.shape[0] == 1 and size > 1:
-            a = a.expand(size, *a.shape[1:])
-        if delta.shape[0] != size or a.shape[0] != size:
-            raise ValueError(
-                f"module {name!r} ({type(module).__name__}) has input {tuple(a.shape)} and output gradient "
-                f"{tuple(delta.shape)}, but the batch has {size} examples: per-example rules need the batch first in "
-                "every chosen module (not sequence-first); leave it out with `modules=`"
-            )
-        if needs_plain_module(module):  # the rule runs the module: after the hooks are gone
-            deferred.append((module, a, delta.clone()))
-        else:
-            add(module, a, delta)
-
-    targets = [module for _, module in chosen]
+    calls, targets = _Calls(size), [module for _, module in chosen]
+    watched = {id(p) for module in targets for p in module.parameters(recurse=False) if p.requires_grad}
+    outside = OutsideUses({id(p): name for name, p in model.named_parameters() if id(p) in watched})
     with HookManager(model) as manager, torch.enable_grad():
         group = manager.group("per-example-gradients")
-        group.forward(targets, broadcast)
-        group.backward(targets, take)
-        losses = per_example_losses(loss, forward(model, batch), batch, size)
+        group.forward_pre(targets, outside.enter, with_kwargs=True)
+        group.forward(targets, calls.forward, with_kwargs=True)
+        group.forward(targets, outside.leave, with_kwargs=True)
+        group.backward(targets, calls.backward)
+        with outside:
+            outputs = forward(model, batch)
+        if outside.found:
+            raise outside.error()
+        losses = per_example_losses(loss, outputs, batch, size)
         if not losses.requires_grad:
             raise ValueError(
                 "the loss does not depend on any trainable parameter of the chosen modules (no graph): unfreeze them, "
                 "or choose modules on the path to the loss"
             )
-        torch.autograd.grad(losses.sum(), params, allow_unused=True)
-    for module, a, delta in deferred:
-        add(module, a, delta)
-    return sums
+        ends = [t for t in calls.ends.values() if t.requires_grad]
+        if ends:  # else no chosen module ran: every gradient is zero
+            torch.autograd.grad(losses.sum(), ends, allow_unused=True)
+    for module, a, delta in calls.deferred:  # the norms' rules run the norm: now that the hooks are gone
+        calls.add(module, a, delta)
+    return calls.sums
+
+
+class _Calls:
+    """What the hooks of one run gather: per-parameter sums, the tensors the backward must reach, deferred norms."""
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+        self.sums: dict[int, Tensor] = {}
+        self.ends: dict[int, Tensor] = {}  # what the backward differentiates with respect to
+        self.deferred: list[tuple[nn.Module, Tensor, Tensor]] = []
+
+    def add(self, module: nn.Module, a: Tensor, delta: Tensor) -> None:
+        """Apply the module's rule and add each trainable parameter's share to its sum."""
+        rule = rule_for(module)
+        assert rule is not None
+        for key, g in rule(module, a, delta).items():
+            p = getattr(module, key)
+            if isinstance(p, Tensor) and p.requires_grad:
+                self.sums[id(p)] = self.sums[id(p)] + g if id(p) in self.sums else g
+
+    def forward(self, module: nn.Module, args: Any, kwargs: Any, output: Any) -> Any:
+        """Note what the backward must reach; expand a batch-wide output (batch 1) to the batch."""
+        a = args[0] if args else next(iter(kwargs.values()), None)
+        # through the call's input where that requires grad (autograd then skips the batch-summed weight gradients
+        # nobody needs), else through the module's own parameters
+        reached = [a] if isinstance(a, Tensor) and a.requires_grad else list(module.parameters(recurse=False))
+        self.ends.update({id(t): t for t in reached})
+        if isinstance(output, Tensor) and output.ndim and output.shape[0] == 1 and self.size > 1:
+            return output.expand(self.size, *output.shape[1:])  # each example's share of a batch-wide call
+        return None
+
+    def backward(self, module: nn.Module, grad_in: Any, grad_output: Any, *, name: str, args: Any, kwargs: Any) -> None:
+        """Turn one call's input and output gradient into per-example gradients (a norm's: after the run)."""
+        delta = grad_output[0]
+        if delta is None:
+            return
+        a = (args[0] if args else next(iter(kwargs.values()))).detach()
+        if a.shape[0] == 1 and self.size > 1:
+            a = a.expand(self.size, *a.shape[1:])
+        if delta.shape[0] != self.size or a.shape[0] != self.size:
+            raise ValueError(
+                f"module {name!r} ({type(module).__name__}) has input {tuple(a.shape)} and output gradient "
+                f"{tuple(delta.shape)}, but the batch has {self.size} examples: per-example rules need the batch first "
+                "in every chosen module (not sequence-first); leave it out with `modules=`"
+            )
+        if needs_plain_module(module):
+            self.deferred.append((module, a, delta.clone()))
+        else:
+            self.add(module, a, delta)

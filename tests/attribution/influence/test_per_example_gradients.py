@@ -15,13 +15,13 @@ CE = nn.CrossEntropyLoss(reduction="none")
 
 
 class GroupedCNN(nn.Module):
-    """Convolutions with groups, dilation, stride, reflect and "same" padding, a Conv1d, a LayerNorm and a Linear."""
+    """Convolutions with groups, dilation, stride, "same"/reflect and circular padding, a LayerNorm and a Linear."""
 
     def __init__(self) -> None:
         super().__init__()
         self.c1 = nn.Conv2d(4, 6, (3, 2), stride=(2, 1), padding=(1, 2), dilation=(1, 2), groups=2)
         self.c2 = nn.Conv2d(6, 4, 3, padding="same", padding_mode="reflect", bias=False)
-        self.c3 = nn.Conv1d(4, 3, 2, stride=2, dilation=2, padding=1, groups=1)
+        self.c3 = nn.Conv1d(4, 3, 2, stride=2, dilation=2, padding=1, padding_mode="circular")
         self.norm = nn.LayerNorm(3)
         self.fc = nn.Linear(3, 5)
 
@@ -42,6 +42,11 @@ def loop_gradients(model, batches, loss_of) -> list[dict[str, torch.Tensor]]:
     return out
 
 
+def classifier_loop(model, x, y):
+    """The loop reference for a classifier with cross-entropy."""
+    return loop_gradients(model, [(x[i : i + 1], y[i : i + 1]) for i in range(len(y))], lambda b: CE(model(b[0]), b[1]))
+
+
 def assert_matches_loop(grads, reference, rtol=1e-10):
     assert set(grads) == set(reference[0])
     for name, g in grads.items():
@@ -53,6 +58,9 @@ def assert_matches_loop(grads, reference, rtol=1e-10):
 def cnn_setting():
     torch.manual_seed(0)
     model = GroupedCNN().double().eval()
+    with torch.no_grad():
+        model.norm.weight.normal_()
+        model.norm.bias.normal_()
     x = torch.randn(3, 4, 7, 5, dtype=torch.float64)  # non-square
     y = torch.tensor([0, 3, 4])
     return model, x, y
@@ -61,7 +69,7 @@ def cnn_setting():
 def test_cnn_with_groups_dilation_stride_and_padding_modes_equals_the_loop():
     model, x, y = cnn_setting()
     grads = per_example_gradients(model, (x, y), CE)
-    reference = loop_gradients(model, [(x[i : i + 1], y[i : i + 1]) for i in range(3)], lambda b: CE(model(b[0]), b[1]))
+    reference = classifier_loop(model, x, y)
     assert_matches_loop(grads, reference)
     assert grads["c1.weight"].shape == (3, 6, 2, 3, 2)
 
@@ -130,7 +138,7 @@ def test_module_called_twice_sums_its_calls_and_frozen_parameters_are_left_out()
     x, y = torch.randn(4, 3, dtype=torch.float64), torch.tensor([0, 1, 1, 0])
     grads = per_example_gradients(twice, (x, y), CE)
     assert "inner.2.bias" not in grads
-    reference = loop_gradients(twice, [(x[i : i + 1], y[i : i + 1]) for i in range(4)], lambda b: CE(twice(b[0]), b[1]))
+    reference = classifier_loop(twice, x, y)
     assert_matches_loop(grads, reference)
 
 
@@ -189,3 +197,102 @@ def test_non_finite_loss_names_the_examples():
     x[1, 0, 0, 0] = float("nan")
     with pytest.raises(ValueError, match=r"not finite for examples \[1\]"):
         per_example_gradients(model, (x, y), CE)
+
+
+class OffsetRMSNorm(nn.Module):
+    """Gemma's convention: the gain is ``1 + weight`` (optionally all in float32, as HuggingFace's Gemma does)."""
+
+    def __init__(self, width: int, upcast: bool = False) -> None:
+        super().__init__()
+        self.weight, self.eps, self.upcast = nn.Parameter(torch.randn(width) * 0.1), 1e-6, upcast
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h, w = (x.float(), self.weight.float()) if self.upcast else (x, self.weight)
+        return (h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps) * (1 + w)).type_as(x)
+
+
+class NormsModel(nn.Module):
+    """An embedding with padding_idx, torch's RMSNorm, a Gemma-style RMSNorm and a LayerNorm over two axes."""
+
+    def __init__(self, upcast: bool = False) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(11, 6, padding_idx=3)
+        self.rms = nn.RMSNorm(6)
+        self.offset = OffsetRMSNorm(6, upcast)
+        self.ln = nn.LayerNorm((5, 6))
+        self.head = nn.Linear(6, 4)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        h = self.offset(torch.tanh(self.rms(self.embed(ids))))
+        return self.head(self.ln(h)).sum(1)
+
+
+@pytest.mark.parametrize("upcast", [False, True])
+def test_norm_gains_and_padding_idx_equal_the_loop(upcast):
+    torch.manual_seed(0)
+    model = NormsModel(upcast).double()
+    with torch.no_grad():
+        model.rms.weight.normal_()
+        model.ln.weight.normal_()
+        model.ln.bias.normal_()
+    ids = torch.tensor([[1, 3, 3, 7, 10], [3, 0, 2, 2, 9], [4, 4, 4, 3, 1]])
+    y = torch.tensor([0, 3, 1])
+    grads = per_example_gradients(model, (ids, y), CE)
+    reference = classifier_loop(model, ids, y)
+    # upcast: the loop's own gain gradient is summed over positions in float32 (the module multiplies in float32),
+    # ours in float64, so they agree to float32 rounding only
+    assert_matches_loop(grads, reference, rtol=1e-6 if upcast else 1e-10)
+    assert torch.equal(grads["embed.weight"][:, 3], torch.zeros(3, 6, dtype=torch.float64))
+    assert grads["ln.weight"].shape == (3, 5, 6)
+
+
+class InPlaceResidual(nn.Module):
+    """ResNet's pattern: an in-place ReLU on a conv's output and an in-place residual add."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv1, self.conv2 = nn.Conv2d(2, 2, 3, padding=1), nn.Conv2d(2, 2, 3, padding=1)
+        self.relu = nn.ReLU(inplace=True)
+        self.fc = nn.Linear(2, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.relu(self.conv1(x))
+        out = self.conv2(h)
+        out += h
+        return self.fc(self.relu(out).mean((2, 3)))
+
+
+def test_in_place_relu_and_residual_equal_the_loop():
+    torch.manual_seed(0)
+    model = InPlaceResidual().double()
+    x, y = torch.randn(3, 2, 5, 4, dtype=torch.float64), torch.tensor([2, 0, 1])
+    grads = per_example_gradients(model, (x, y), CE)
+    reference = classifier_loop(model, x, y)
+    assert_matches_loop(grads, reference)
+
+
+class TiedByHand(nn.Module):
+    """Logits as ``hidden @ embed.weight.T``: a use of the embedding that no module call contains."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(7, 4)
+        self.mix = nn.Linear(4, 4)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        h = self.embed(ids).to(self.mix.weight.dtype) * self.mix.weight.shape[0] / self.mix.weight.detach().numel()
+        return (self.mix(h) @ self.embed.weight.T).sum(1)
+
+
+def test_a_parameter_used_outside_its_module_is_named_not_missed():
+    ids, y = torch.tensor([[1, 2], [3, 4]]), torch.tensor([0, 6])
+    with pytest.raises(ValueError, match=r"outside their modules' calls: 'embed.weight' \(by T\)"):
+        per_example_gradients(TiedByHand(), (ids, y), CE)
+    # reading mix.weight's dtype, shape or a detached copy outside its call carries no gradient: not a use
+    assert list(per_example_gradients(TiedByHand(), (ids, y), CE, modules="mix")) == ["mix.weight", "mix.bias"]
+    attention = nn.MultiheadAttention(4, 2, batch_first=True)
+    attention.in_proj_weight.requires_grad_(False)
+    attention.in_proj_bias.requires_grad_(False)  # only out_proj, whose weight the parent reads itself
+    x = torch.randn(2, 3, 4)
+    with pytest.raises(ValueError, match=r"'out_proj.weight'.*nn.MultiheadAttention"):
+        per_example_gradients(attention, ((x, x, x), y), lambda out, batch: out[0].sum((1, 2)))
