@@ -86,18 +86,22 @@ def show(ax: Any, image: torch.Tensor, title: str, color: str = "black") -> None
     ax.set_yticks([])
 
 
-def plot(out: Path, data: tuple[torch.Tensor, ...], model: nn.Module, scores: torch.Tensor, wrong: torch.Tensor) -> None:
-    """One row per misclassified test image: it, its 3 top proponents (blue) and 3 top opponents (red)."""
+def caption(label: torch.Tensor, score: torch.Tensor, flipped: torch.Tensor) -> str:
+    return f"label {label.item()}{', flipped' if flipped else ''}\n{score:+.2g}"
+
+
+def plot(out: Path, data: tuple[torch.Tensor, ...], model: nn.Module, scores: Any, rows: Any, flipped: Any) -> None:
+    """One row per misclassified test image: it, its 3 top proponents (blue) and 3 top opponents (red); a training
+    image whose label was flipped says so."""
     x, y, xt, yt = data
-    rows = wrong[:4]
-    fig, axes = plt.subplots(len(rows), 7, figsize=(9, 1.5 * len(rows) + 0.4), squeeze=False)
+    fig, axes = plt.subplots(len(rows), 7, figsize=(10, 1.8 * len(rows) + 0.5), squeeze=False)
     predicted = model(xt[rows]).argmax(1)
     for r, (i, p) in enumerate(zip(rows.tolist(), predicted.tolist(), strict=True)):
-        show(axes[r, 0], xt[i], f"test: {yt[i].item()}, said {p}")
+        show(axes[r, 0], xt[i], f"test: a {yt[i].item()}\nthe model says {p}")
         for c, j in enumerate(scores[r].topk(3).indices.tolist()):
-            show(axes[r, 1 + c], x[j], f"label {y[j].item()}: {scores[r, j]:+.2g}", "tab:blue")
+            show(axes[r, 1 + c], x[j], caption(y[j], scores[r, j], flipped[j]), "tab:blue")
         for c, j in enumerate(scores[r].topk(3, largest=False).indices.tolist()):
-            show(axes[r, 4 + c], x[j], f"label {y[j].item()}: {scores[r, j]:+.2g}", "tab:red")
+            show(axes[r, 4 + c], x[j], caption(y[j], scores[r, j], flipped[j]), "tab:red")
     fig.suptitle("misclassified test digits; EK-FAC's top proponents (blue) and opponents (red) among training images")
     fig.tight_layout()
     fig.savefig(out, dpi=110)
@@ -110,11 +114,12 @@ def main(out: Path, epochs: int = 12, subsets: int = 50, threads: int = 2) -> No
     x, y, xt, yt = data
     model, checkpoints = train(x, y, epochs)
     accuracy = (model(xt).argmax(1) == yt).double().mean().item()
-    print(f"trained in {time.perf_counter() - started:.1f} s; test accuracy {accuracy:.3f} ({len(flipped)} labels flipped)")
+    took = time.perf_counter() - started
+    print(f"trained in {took:.1f} s; test accuracy {accuracy:.3f} ({len(flipped)} training labels flipped)")
 
     is_flipped = torch.zeros(len(x), dtype=torch.bool)
     is_flipped[flipped] = True
-    methods = {
+    methods: dict[str, Any] = {
         "TracIn": TracIn(model, checkpoints, LOSS),
         "identity": InfluenceFunction(model, LOSS, method="identity"),
         "K-FAC": InfluenceFunction(model, LOSS, method="kfac").fit((x, y)),
@@ -126,8 +131,9 @@ def main(out: Path, epochs: int = 12, subsets: int = 50, threads: int = 2) -> No
         print(f"{name} self-influence: AUC {auc(own, is_flipped):.3f} of finding the flipped labels; "
               f"{is_flipped[top].double().mean():.0%} of its top 10% are flipped")  # fmt: skip
 
-    wrong = torch.nonzero(model(xt).argmax(1) != yt)[:, 0]
-    plot(out / "influence_digits.png", data, model, methods["EK-FAC"].scores((xt[wrong[:4]], yt[wrong[:4]]), (x, y)), wrong)
+    wrong = torch.nonzero(model(xt).argmax(1) != yt)[:4, 0]
+    scores = methods["EK-FAC"].scores((xt[wrong], yt[wrong]), (x, y))
+    plot(out / "influence_digits.png", data, model, scores, wrong, is_flipped)
 
     def retrained(indices: torch.Tensor) -> torch.Tensor:
         again, _ = train(x[indices], y[indices], epochs, seed=1)
