@@ -44,10 +44,10 @@ class OutsideUses(TorchFunctionMode):
     ) -> Any:
         kwargs = kwargs or {}
         out = func(*args, **kwargs)
-        if self.depth == 0 and any(t.requires_grad for t in tensors(out)):  # a use that can carry a gradient
-            for value in (*args, *kwargs.values()):
-                name = self.params.get(id(value))
-                if name is not None:
+        if self.depth == 0:
+            used = [self.params[id(v)] for v in (*args, *kwargs.values()) if id(v) in self.params]
+            if used and any(t.requires_grad for t in tensors(out)):  # a use that can carry a gradient
+                for name in used:
                     self.found.setdefault(name, _function_name(func))
         return out
 

@@ -10,7 +10,8 @@ its own share of the gradient.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -107,36 +108,59 @@ def per_example_gradients(
         >>> {name: tuple(g.shape) for name, g in grads.items()}
         {'0.weight': (4, 2, 3), '0.bias': (4, 2)}
     """
+    with session(model, loss, modules, projection) as run:
+        return run(batch)
+
+
+@contextmanager
+def session(
+    model: nn.Module,
+    loss: Loss,
+    modules: ModuleTarget | None = None,
+    projection: RandomProjection | None = None,
+) -> Iterator[Callable[[Any], dict[str, Tensor]]]:
+    """The hooks of :func:`per_example_gradients` registered once for many batches: yields ``run(batch)``.
+
+    The model is in eval mode and hooked for the whole block (TracIn's passes over a data set), and left as found
+    after it.
+    """
     check_loss(loss)
-    chosen = select_modules(model, modules)
-    size = labels_of(batch).shape[0]
-    params = {id(p): p for _, m in chosen for p in m.parameters(recurse=False) if p.requires_grad}
-    with kept_state(model):
-        sums = _run(model, batch, loss, chosen, size)
-    result = {
-        name: sums.get(id(p), p.new_zeros(size, *p.shape)) for name, p in model.named_parameters() if id(p) in params
-    }
-    if projection is not None:
-        result = {name: projection(name, g) for name, g in result.items()}
-    return result
-
-
-def _run(model: nn.Module, batch: Any, loss: Loss, chosen: list[tuple[str, nn.Module]], size: int) -> dict[int, Tensor]:
-    """Run the hooked forward and backward; return ``id(parameter) -> (batch, *shape)`` summed over uses."""
-    calls, targets = _Calls(size), [module for _, module in chosen]
+    targets = [module for _, module in select_modules(model, modules)]
     watched = {id(p) for module in targets for p in module.parameters(recurse=False) if p.requires_grad}
-    outside = OutsideUses({id(p): name for name, p in model.named_parameters() if id(p) in watched})
-    with HookManager(model) as manager, torch.enable_grad():
+    names = {id(p): name for name, p in model.named_parameters() if id(p) in watched}  # in named_parameters order
+    calls, outside = _Calls(), OutsideUses(names)
+    with kept_state(model), HookManager(model) as manager:
         group = manager.group("per-example-gradients")
         group.forward_pre(targets, outside.enter, with_kwargs=True)
         group.forward(targets, calls.forward, with_kwargs=True)
         group.forward(targets, outside.leave, with_kwargs=True)
         group.backward(targets, calls.backward)
+
+        def run(batch: Any) -> dict[str, Tensor]:
+            calls.reset(labels_of(batch).shape[0])
+            _one_pass(model, batch, loss, calls, outside)
+            group.deactivate()  # the norms' rules run the norm itself: without our hooks
+            try:
+                for module, a, delta in calls.deferred:
+                    calls.add(module, a, delta)
+            finally:
+                group.activate()
+            params = dict(model.named_parameters())
+            result = {name: calls.sums.get(key, params[name].new_zeros(calls.size, *params[name].shape))
+                      for key, name in names.items()}  # fmt: skip
+            return result if projection is None else {name: projection(name, g) for name, g in result.items()}
+
+        yield run
+
+
+def _one_pass(model: nn.Module, batch: Any, loss: Loss, calls: _Calls, outside: OutsideUses) -> None:
+    """One hooked forward and backward of ``batch``: ``calls`` gathers the per-example gradients."""
+    with torch.enable_grad():
         with outside:
             outputs = forward(model, batch)
         if outside.found:
             raise outside.error()
-        losses = per_example_losses(loss, outputs, batch, size)
+        losses = per_example_losses(loss, outputs, batch, calls.size)
         if not losses.requires_grad:
             raise ValueError(
                 "the loss does not depend on any trainable parameter of the chosen modules (no graph): unfreeze them, "
@@ -145,15 +169,16 @@ def _run(model: nn.Module, batch: Any, loss: Loss, chosen: list[tuple[str, nn.Mo
         ends = [t for t in calls.ends.values() if t.requires_grad]
         if ends:  # else no chosen module ran: every gradient is zero
             torch.autograd.grad(losses.sum(), ends, allow_unused=True)
-    for module, a, delta in calls.deferred:  # the norms' rules run the norm: now that the hooks are gone
-        calls.add(module, a, delta)
-    return calls.sums
 
 
 class _Calls:
     """What the hooks of one run gather: per-parameter sums, the tensors the backward must reach, deferred norms."""
 
-    def __init__(self, size: int) -> None:
+    def __init__(self) -> None:
+        self.reset(0)
+
+    def reset(self, size: int) -> None:
+        """Start a batch of ``size`` examples."""
         self.size = size
         self.sums: dict[int, Tensor] = {}
         self.ends: dict[int, Tensor] = {}  # what the backward differentiates with respect to

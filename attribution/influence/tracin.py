@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import operator
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from functools import reduce
 from pathlib import Path
 from typing import Any
@@ -15,7 +15,7 @@ from torch import Tensor, nn
 from hooks import ModuleTarget
 
 from ._batches import batches, check_loss
-from .gradients import per_example_gradients, select_modules
+from .gradients import select_modules, session
 from .projection import RandomProjection
 
 Checkpoint = tuple[Mapping[str, Tensor] | str | Path, float]
@@ -68,9 +68,9 @@ class TracIn:
         """``(n_test, n_train)`` TracIn scores; ``test``/``train``: a batch or an iterable of batches (a DataLoader)."""
         total: Tensor | None = None
         for state, rate in self.checkpoints:
-            with self._loaded(state):
-                tests = _cat([self._flat(batch) for batch in batches(test)])
-                block = torch.cat([_dot(tests, self._flat(batch)) for batch in batches(train)], dim=1)
+            with self._loaded(state), self._session() as run:
+                tests = _cat([_flat(run(batch)) for batch in batches(test)])
+                block = torch.cat([_dot(tests, _flat(run(batch))) for batch in batches(train)], dim=1)
             total = rate * block if total is None else total + rate * block
         assert total is not None
         return total
@@ -79,8 +79,8 @@ class TracIn:
         """``(n_train,)``: ``sum_k lr_k |g_k(train_j)|^2``, each example's influence on itself."""
         total: Tensor | None = None
         for state, rate in self.checkpoints:
-            with self._loaded(state):
-                squares = torch.cat([_square_norms(self._flat(batch)) for batch in batches(train)])
+            with self._loaded(state), self._session() as run:
+                squares = torch.cat([_square_norms(_flat(run(batch))) for batch in batches(train)])
             total = rate * squares if total is None else total + rate * squares
         assert total is not None
         return total
@@ -95,9 +95,9 @@ class TracIn:
         values, indices = scores.topk(min(k, scores.shape[1]), dim=1, largest=proponents)
         return values, indices
 
-    def _flat(self, batch: Any) -> dict[str, Tensor]:
-        grads = per_example_gradients(self.model, batch, self.loss, self.modules, self.projection)
-        return {name: g.reshape(g.shape[0], -1) for name, g in grads.items()}
+    def _session(self) -> AbstractContextManager[Callable[[Any], dict[str, Tensor]]]:
+        """The model hooked once for a pass over the data (see :func:`per_example_gradients`)."""
+        return session(self.model, self.loss, self.modules, self.projection)
 
     @contextmanager
     def _loaded(self, state: Mapping[str, Tensor] | str | Path) -> Iterator[None]:
@@ -143,6 +143,11 @@ def _check_matches(state: Mapping[str, Tensor], own: Mapping[str, Tensor]) -> No
             f"a checkpoint does not match the model: missing {missing[:5]}, unexpected {unexpected[:5]}, shapes "
             f"{shapes[:5]}. Pass the model's own state_dict() saved during training (the model it came from)"
         )
+
+
+def _flat(grads: dict[str, Tensor]) -> dict[str, Tensor]:
+    """Per-example gradients flattened to ``(batch, size)``."""
+    return {name: g.reshape(g.shape[0], -1) for name, g in grads.items()}
 
 
 def _cat(parts: list[dict[str, Tensor]]) -> dict[str, Tensor]:
