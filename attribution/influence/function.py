@@ -1,0 +1,267 @@
+"""Influence functions: ``g_test^T (H + lambda I)^-1 g_train`` with the curvature exact, diagonal, K-FAC or EK-FAC."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from hooks import ModuleTarget
+
+from .._progress import progress
+from . import _curvature as cv
+from ._batches import Loss, batches, check_loss, labels_of, per_example_losses
+from ._exact import exact_hessian
+from ._fisher import SampleLabels, check_fisher, fisher_batch
+from ._kronecker import from_block, has_block, input_rows, output_rows, to_block
+from ._signals import hooked_signals
+from .gradients import per_example_gradients, select_modules
+
+METHODS = ("identity", "diagonal", "kfac", "ekfac", "exact")
+
+
+class InfluenceFunction:
+    """Influence of training examples on test examples through the (approximate) inverse curvature of the loss.
+
+    ``scores[i, j] = g_test_i^T P g_train_j`` with ``P`` the damped inverse of the curvature of the mean training
+    loss with respect to the chosen modules' parameters: positive when training on example ``j`` lowers test example
+    ``i``'s loss (a proponent); no division by the training set size. ``method``:
+
+    - ``"identity"``: ``P = I`` (gradient similarity).
+    - ``"diagonal"``: the Fisher's diagonal ``E[g^2]`` per parameter.
+    - ``"kfac"``: per module ``A (x) S`` (:mod:`attribution.influence._curvature` states the factors).
+    - ``"ekfac"``: K-FAC's eigenbases with the eigenvalues refit to ``E[(Q_S^T G Q_A)^2]`` (George et al. 2018,
+      Grosse et al. 2023).
+    - ``"exact"``: the Hessian of the mean training loss over all chosen parameters jointly (small models).
+
+    K-FAC and EK-FAC take the modules whose parameters form one Kronecker block (``nn.Linear``, HuggingFace
+    ``Conv1D``, ``nn.Conv1d``/``nn.Conv2d`` with ``groups=1``); the others any module :func:`per_example_gradients`
+    handles. ``damping=None`` is 0.1 times the mean eigenvalue of each module's curvature (of the whole Hessian for
+    ``"exact"``), as Kronfluence sets it.
+
+    Args:
+        model: the trained model.
+        loss: per-example loss, as :func:`per_example_gradients` takes it.
+        modules: names, globs or modules; default every supported module with trainable parameters.
+        method: one of ``"identity"``, ``"diagonal"``, ``"kfac"``, ``"ekfac"``, ``"exact"``.
+        damping: added to every eigenvalue (to the diagonal, to the Hessian); ``None``: 0.1 x the mean eigenvalue.
+        fisher: ``"sampled"`` (labels drawn from the model, see :mod:`attribution.influence._fisher`) or
+            ``"empirical"`` (the true labels) for the diagonal, K-FAC and EK-FAC curvature.
+        sample_labels: ``(outputs, batch, generator) -> labels`` for a loss whose distribution is not known.
+        seed: the seed of the sampled labels.
+        progress: progress bars over the batches of long passes (shown on a terminal after a second).
+
+    Example:
+        >>> import torch
+        >>> model = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.Tanh(), torch.nn.Linear(4, 2))
+        >>> train = (torch.randn(16, 3), torch.randint(0, 2, (16,)))
+        >>> test = (torch.randn(2, 3), torch.tensor([0, 1]))
+        >>> influence = InfluenceFunction(model, torch.nn.CrossEntropyLoss(reduction="none")).fit(train)
+        >>> influence.scores(test, train).shape
+        torch.Size([2, 16])
+    """
+
+    def __init__(
+        self,
+        model: nn.Module,
+        loss: Loss,
+        modules: ModuleTarget | None = None,
+        method: str = "ekfac",
+        damping: float | None = None,
+        fisher: str = "sampled",
+        sample_labels: SampleLabels | None = None,
+        seed: int = 0,
+        progress: bool = True,
+    ) -> None:
+        if method not in METHODS:
+            raise ValueError(f"`method` must be one of {METHODS}; got {method!r}")
+        check_loss(loss)
+        if method in ("diagonal", "kfac", "ekfac"):
+            check_fisher(fisher, loss, sample_labels)
+        self.model, self.loss, self.modules, self.method = model, loss, modules, method
+        self.damping, self.fisher, self.sample_labels, self.seed = damping, fisher, sample_labels, seed
+        self.progress = progress
+        self.chosen = self._chosen()
+        self.state: dict[str, Tensor] = {}
+
+    def _chosen(self) -> list[tuple[str, nn.Module]]:
+        chosen = select_modules(self.model, self.modules)
+        if self.method in ("kfac", "ekfac"):
+            without = [f"{name!r} ({type(m).__name__})" for name, m in chosen if not has_block(m)]
+            if without:
+                raise ValueError(
+                    f"method={self.method!r} needs modules whose weight is one Kronecker block (nn.Linear, "
+                    f"HuggingFace Conv1D, a Conv1d/Conv2d with groups=1); {', '.join(without[:5])} are not. Choose "
+                    "modules with `modules=` (e.g. '*.mlp.*'), or use method='diagonal'"
+                )
+        return chosen
+
+    # -- fitting -------------------------------------------------------------------------------------------------
+    def fit(self, train: Any) -> InfluenceFunction:
+        """Estimate the curvature on ``train`` (a batch or a DataLoader of batches); returns ``self``."""
+        generator = torch.Generator().manual_seed(self.seed)
+        if self.method == "diagonal":
+            self.state = self._diagonal(train, generator)
+        elif self.method in ("kfac", "ekfac"):
+            self.state = self._factors(train, generator)
+            if self.method == "ekfac":
+                self.state.update(self._refit(train, torch.Generator().manual_seed(self.seed + 1)))
+        elif self.method == "exact":
+            hessian = exact_hessian(self.model, train, self.loss, self._parameters())
+            self.state = {"inverse": self._damped_inverse(hessian)}
+        self.state["fitted"] = torch.ones(())
+        return self
+
+    def _fisher_loss(self, generator: torch.Generator) -> Loss:
+        """The per-example loss at the Fisher's labels (the true ones, or drawn from the model per call)."""
+        loss, fisher, sample = self.loss, self.fisher, self.sample_labels
+
+        def at_fisher_labels(outputs: Any, batch: Any) -> Tensor:
+            chosen = fisher_batch(batch, outputs, loss, fisher, sample, generator)
+            return per_example_losses(loss, outputs, chosen, labels_of(batch).shape[0])
+
+        return at_fisher_labels
+
+    def _diagonal(self, train: Any, generator: torch.Generator) -> dict[str, Tensor]:
+        total: dict[str, Tensor] = {}
+        count = 0
+        for batch in self._batches(train, "diagonal Fisher"):
+            grads = per_example_gradients(self.model, batch, self._fisher_loss(generator), self.modules)
+            for name, g in grads.items():
+                total[name] = total.get(name, 0) + (g**2).sum(0)
+            count += labels_of(batch).shape[0]
+        return {f"diagonal/{name}": value / count for name, value in total.items()}
+
+    def _factors(self, train: Any, generator: torch.Generator) -> dict[str, Tensor]:
+        """Pass 1: ``A`` and ``S`` per module, then their eigenbases."""
+        sums: dict[str, list[Tensor]] = {}
+        positions: dict[str, int] = {}
+        examples = 0
+        by_id = {id(m): name for name, m in self.chosen}
+
+        def on_signal(module: nn.Module, a: Tensor, delta: Tensor) -> None:
+            name = by_id[id(module)]
+            rows_a, rows_s = input_rows(module, a), output_rows(module, delta)
+            pair = [cv.second_moment(rows_a), torch.einsum("bto,btp->op", rows_s, rows_s)]
+            sums[name] = [s + p for s, p in zip(sums[name], pair, strict=True)] if name in sums else pair
+            positions[name] = positions.get(name, 0) + rows_a.shape[0] * rows_a.shape[1]
+
+        for batch in self._batches(train, "K-FAC factors"):
+            hooked_signals(self.model, batch, self._fisher_loss(generator), self.chosen, on_signal)
+            examples += labels_of(batch).shape[0]
+        state: dict[str, Tensor] = {}
+        for name, (big_a, big_s) in sums.items():
+            (l_a, q_a), (l_s, q_s) = cv.eigenbasis(big_a / positions[name]), cv.eigenbasis(big_s / examples)
+            state.update({f"q_a/{name}": q_a, f"q_s/{name}": q_s, f"lambda/{name}": cv.kfac_eigenvalues(l_s, l_a)})
+        return state
+
+    def _refit(self, train: Any, generator: torch.Generator) -> dict[str, Tensor]:
+        """Pass 2 (EK-FAC): the eigenvalues refit as the mean squared rotated per-example gradient."""
+        sums: dict[str, Tensor] = {}
+        count = 0
+        for batch in self._batches(train, "EK-FAC eigenvalues"):
+            for name, _, block in self._blocks(batch, self._fisher_loss(generator)):
+                rotated = cv.rotate(block, self.state[f"q_s/{name}"], self.state[f"q_a/{name}"])
+                sums[name] = sums.get(name, 0) + (rotated**2).sum(0)
+            count += labels_of(batch).shape[0]
+        return {f"lambda/{name}": value / count for name, value in sums.items()}
+
+    def _blocks(self, batch: Any, loss: Loss) -> Iterator[tuple[str, nn.Module, Tensor]]:
+        """Each chosen module's per-example gradient as a block ``(batch, d_out, d_in)``."""
+        grads = per_example_gradients(self.model, batch, loss, self.modules)
+        names = {id(p): name for name, p in self.model.named_parameters()}
+        for name, module in self.chosen:
+            own = {key: grads[names[id(p)]] for key, p in module.named_parameters(recurse=False) if p.requires_grad}
+            yield name, module, to_block(module, own)
+
+    def _parameters(self) -> list[tuple[str, Tensor]]:
+        seen = {id(p) for _, m in self.chosen for p in m.parameters(recurse=False) if p.requires_grad}
+        return [(name, p) for name, p in self.model.named_parameters() if id(p) in seen]
+
+    def _damped_inverse(self, hessian: Tensor) -> Tensor:
+        values, vectors = torch.linalg.eigh(hessian)
+        damping = self.damping if self.damping is not None else cv.default_damping(values)
+        if (values + damping <= 0).any():
+            raise ValueError(
+                f"the damped Hessian is not positive definite (smallest eigenvalue {values.min().item():.3g}, damping "
+                f"{float(damping):.3g}): the model is not at a minimum of the training loss; raise `damping`"
+            )
+        return vectors @ torch.diag(1 / (values + damping)) @ vectors.T
+
+    # -- scoring -------------------------------------------------------------------------------------------------
+    def preconditioned(self, batch: Any) -> Tensor:
+        """``P g`` for each example of ``batch``, flattened in parameter order: ``(batch, n_parameters)``."""
+        self._check_fitted()
+        if self.method in ("kfac", "ekfac"):
+            by_id: dict[int, Tensor] = {}
+            for name, module, block in self._blocks(batch, self.loss):
+                lam = self.state[f"lambda/{name}"]
+                damping = self.damping if self.damping is not None else cv.default_damping(lam)
+                out = cv.precondition_eigen(block, self.state[f"q_s/{name}"], self.state[f"q_a/{name}"], lam, damping)
+                by_id.update({id(getattr(module, key)): g for key, g in from_block(module, out).items()})
+            return torch.cat([by_id[id(p)].flatten(1) for _, p in self._parameters()], dim=1)
+        grads = per_example_gradients(self.model, batch, self.loss, self.modules)
+        if self.method == "diagonal":
+            grads = {name: self._diagonal_precondition(name, g) for name, g in grads.items()}
+        flat = torch.cat([g.flatten(1) for g in grads.values()], dim=1)
+        return flat @ self.state["inverse"] if self.method == "exact" else flat
+
+    def _diagonal_precondition(self, name: str, g: Tensor) -> Tensor:
+        diagonal = self.state[f"diagonal/{name}"]
+        damping = self.damping if self.damping is not None else cv.default_damping(diagonal)
+        return cv.precondition_diagonal(g, diagonal, damping)
+
+    def gradients(self, batch: Any) -> Tensor:
+        """Each example's plain gradient, flattened in parameter order (as :meth:`preconditioned`)."""
+        grads = per_example_gradients(self.model, batch, self.loss, self.modules)
+        return torch.cat([g.flatten(1) for g in grads.values()], dim=1)
+
+    def scores(self, test: Any, train: Any) -> Tensor:
+        """``(n_test, n_train)``: ``g_test^T P g_train`` (positive: training on the example lowers the test loss)."""
+        left = torch.cat([self.preconditioned(batch) for batch in batches(test)])
+        return torch.cat([left @ self.gradients(batch).T for batch in self._batches(train, "influence scores")], dim=1)
+
+    def self_influence(self, train: Any) -> Tensor:
+        """``(n_train,)``: ``g^T P g`` of each training example with itself."""
+        rows = self._batches(train, "self-influence")
+        return torch.cat([(self.preconditioned(b) * self.gradients(b)).sum(1) for b in rows])
+
+    def top(self, test: Any, train: Any, k: int = 10, proponents: bool = True) -> tuple[Tensor, Tensor]:
+        """The ``k`` strongest proponents (largest scores) or opponents (smallest) per test example."""
+        return self.scores(test, train).topk(k, dim=1, largest=proponents)
+
+    def _batches(self, data: Any, what: str) -> Iterator[Any]:
+        """The batches of ``data``, with a progress bar (when asked for) that counts them."""
+        return progress(batches(data), desc=what, enabled=self.progress, unit="batch")
+
+    def _check_fitted(self) -> None:
+        if self.method != "identity" and "fitted" not in self.state:
+            raise RuntimeError(f"call .fit(train) before scoring: method={self.method!r} needs the curvature")
+
+    # -- saving --------------------------------------------------------------------------------------------------
+    def save(self, path: str | Path) -> None:
+        """Write the fitted curvature and the settings to ``path`` (``torch.save``, written atomically)."""
+        settings = {"method": self.method, "damping": self.damping, "fisher": self.fisher, "seed": self.seed}
+        target = Path(path)
+        partial = target.with_name(target.name + ".partial")
+        torch.save({"settings": settings, "state": self.state, "modules": [n for n, _ in self.chosen]}, partial)
+        partial.replace(target)
+
+    @classmethod
+    def load(cls, path: str | Path, model: nn.Module, loss: Loss, modules: ModuleTarget | None = None) -> Any:
+        """An :class:`InfluenceFunction` with the curvature :meth:`save` wrote, for ``model``."""
+        saved = torch.load(path, weights_only=True)
+        settings = saved["settings"]
+        made = cls(
+            model, loss, modules, settings["method"], settings["damping"], settings["fisher"], seed=settings["seed"]
+        )
+        if [n for n, _ in made.chosen] != saved["modules"]:
+            raise ValueError(
+                f"{path} was fitted on modules {saved['modules'][:5]}, but this model and `modules` choose "
+                f"{[n for n, _ in made.chosen][:5]}: load it with the model and modules it was fitted on"
+            )
+        made.state = saved["state"]
+        return made

@@ -1,0 +1,150 @@
+"""Influence: per-example gradients against torch.func's vmap(grad), TracIn against captum 0.9's TracInCP.
+
+Run from the repository root: python -m benchmarks.influence_speed [--rounds 5] [--rst docs/methods/influence_speed.inc]
+
+Times are the CPU time of the process on one torch thread (``time.process_time``, so that other jobs on a shared
+machine disturb them less), the minimum over interleaved rounds after one warm-up. Memory is the peak of the tensor
+storages a call creates (``benchmarks._timing.memory``: the model's parameters and the inputs are not counted).
+
+* Per-example gradients: a small pre-norm transformer (embedding, 2 blocks of LayerNorm, causal attention and MLP
+  made of ``nn.Linear``, a head), float32, a batch of 16 sequences of 64 and of 256 tokens, width 64, vocabulary 256, a
+  next-token loss summed over positions. ``torch.func.vmap(grad(...))`` over ``functional_call`` is the reference
+  (same numbers to float32 rounding, checked before timing).
+* TracIn: an MLP (32-64-64-10) with 3 checkpoints, 20 test and 200 training examples, scores ``(20, 200)``, against
+  captum's ``TracInCP`` with the same checkpoints (``sample_wise_grads_per_batch=False``, its exact per-example
+  path, and ``True``, its hook-based path with a summed loss), training batches of 50. Same scores checked first.
+"""
+
+from __future__ import annotations
+
+import argparse
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+from torch import nn
+from torch.func import functional_call, grad, vmap
+from torch.utils.data import TensorDataset
+
+from attribution.influence import TracIn, per_example_gradients
+from benchmarks._timing import interleaved, memory, setup, table
+
+BATCH, LENGTH, WIDTH, VOCAB = 16, 64, 64, 256
+
+
+class Block(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.ln1, self.ln2 = nn.LayerNorm(WIDTH), nn.LayerNorm(WIDTH)
+        self.qkv, self.out = nn.Linear(WIDTH, 3 * WIDTH), nn.Linear(WIDTH, WIDTH)
+        self.up, self.down = nn.Linear(WIDTH, 4 * WIDTH), nn.Linear(4 * WIDTH, WIDTH)
+
+    def forward(self, h: torch.Tensor) -> torch.Tensor:
+        q, k, v = self.qkv(self.ln1(h)).chunk(3, dim=-1)
+        scores = q @ k.transpose(-1, -2) / WIDTH**0.5
+        mask = torch.ones(h.shape[-2], h.shape[-2], dtype=torch.bool).triu(1)
+        h = h + self.out(scores.masked_fill(mask, float("-inf")).softmax(-1) @ v)
+        return h + self.down(torch.relu(self.up(self.ln2(h))))
+
+
+class TinyLM(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(VOCAB, WIDTH)
+        self.blocks = nn.Sequential(Block(), Block())
+        self.head = nn.Linear(WIDTH, VOCAB)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.head(self.blocks(self.embed(ids)))
+
+
+def lm_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """Next-token cross-entropy per sequence."""
+    flat = nn.functional.cross_entropy(logits[:, :-1].transpose(1, 2), labels[:, 1:], reduction="none")
+    return flat.sum(-1)
+
+
+def vmap_gradients(model: nn.Module, ids: torch.Tensor) -> dict[str, torch.Tensor]:
+    """The reference: torch.func's per-example gradients."""
+    params = {k: v.detach() for k, v in model.named_parameters()}
+
+    def one(p: dict[str, torch.Tensor], x: torch.Tensor) -> torch.Tensor:
+        return lm_loss(functional_call(model, p, (x[None],)), x[None]).sum()
+
+    return vmap(grad(one), in_dims=(None, 0))(params, ids)  # type: ignore[no-any-return]
+
+
+def gradients_rows(rounds: int, length: int) -> list[list[str]]:
+    model = TinyLM().eval()
+    ids = torch.randint(0, VOCAB, (BATCH, length))
+    ours = per_example_gradients(model, (ids, ids), lambda out, batch: lm_loss(out, batch[1]))
+    theirs = vmap_gradients(model, ids)
+    worst = max(float((ours[k] - theirs[k]).abs().max() / theirs[k].abs().max()) for k in ours)
+    assert worst < 1e-4, worst
+    variants = {
+        "per_example_gradients": lambda: per_example_gradients(model, (ids, ids), lambda o, b: lm_loss(o, b[1])),
+        "vmap(grad)": lambda: vmap_gradients(model, ids),
+    }
+    times = interleaved(variants, rounds, statistic=min, clock=time.process_time)
+    peaks = {name: memory(fn)[0] for name, fn in variants.items()}
+    base = times["vmap(grad)"]
+    return [
+        [f"{name}, {length} tokens", f"{t * 1e3:.0f} ms", f"{t / base:.2f}x", f"{peaks[name]:.0f} MiB"]
+        for name, t in times.items()
+    ]
+
+
+def tracin_rows(rounds: int) -> list[list[str]]:
+    from captum.influence import TracInCP
+
+    model = nn.Sequential(nn.Linear(32, 64), nn.Tanh(), nn.Linear(64, 64), nn.Tanh(), nn.Linear(64, 10))
+    x, y = torch.randn(220, 32), torch.randint(0, 10, (220,))
+    folder = Path(tempfile.mkdtemp())
+    paths, rates = [], [0.1, 0.05, 0.02]
+    for i in range(3):
+        for p in model.parameters():
+            p.data.add_(0.05 * torch.randn_like(p))
+        paths.append(str(folder / f"{i}.pt"))
+        torch.save(model.state_dict(), paths[-1])
+    rate_of = dict(zip(paths, rates, strict=True))
+
+    def load(net: nn.Module, path: str) -> float:
+        net.load_state_dict(torch.load(path, weights_only=True))
+        return rate_of[path]
+
+    ce, ce_sum = nn.CrossEntropyLoss(reduction="none"), nn.CrossEntropyLoss(reduction="sum")
+    train, test = TensorDataset(x[20:], y[20:]), (x[:20], y[:20])
+    loader = torch.utils.data.DataLoader(train, batch_size=50)
+    exact = TracInCP(model, train, paths, load, loss_fn=ce, batch_size=50)
+    fast = TracInCP(model, train, paths, load, loss_fn=ce_sum, batch_size=50, sample_wise_grads_per_batch=True)
+    ours = TracIn(model, list(zip(paths, rates, strict=True)), ce)
+    expected = exact.influence(test)
+    assert torch.allclose(ours.scores(test, loader), expected, rtol=1e-4, atol=1e-5 * float(expected.abs().max()))
+    variants = {
+        "TracIn": lambda: ours.scores(test, loader),
+        "captum TracInCP (exact)": lambda: exact.influence(test),
+        "captum TracInCP (sample_wise_grads_per_batch)": lambda: fast.influence(test),
+    }
+    times = interleaved(variants, rounds, statistic=min, clock=time.process_time)
+    base = times["TracIn"]
+    return [[name, f"{t * 1e3:.0f} ms", f"{t / base:.2f}x"] for name, t in times.items()]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--rst", type=Path, default=None, help="write the tables as an rst include")
+    args = parser.parse_args()
+    setup(threads=1)
+    rows = gradients_rows(args.rounds, LENGTH) + gradients_rows(args.rounds, 4 * LENGTH)
+    grads = table(["per-example gradients", "CPU time", "vs vmap", "peak tensors"], rows)
+    tracin = table(["TracIn (20 x 200, 3 checkpoints)", "CPU time", "vs hookscope"], tracin_rows(args.rounds))
+    print(grads, tracin, sep="\n\n")
+    if args.rst is not None:
+        body = "\n\n".join("::\n\n" + "\n".join("   " + line for line in t.splitlines()) for t in (grads, tracin))
+        args.rst.write_text(body + "\n")
+
+
+if __name__ == "__main__":
+    main()
