@@ -24,7 +24,7 @@ def test_the_mean_cav_is_the_normalised_difference_of_means_computed_slowly():
     mean = [
         sum(concept[i, j].item() for i in range(9)) / 9 - sum(others[i, j].item() for i in range(7)) / 7
         for j in range(5)
-    ]  # noqa: E501
+    ]
     length = sum(v * v for v in mean) ** 0.5
     expected = torch.tensor([v / length for v in mean], dtype=torch.float64)
     torch.testing.assert_close(found.vector, expected, rtol=0, atol=1e-14)
