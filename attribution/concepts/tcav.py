@@ -70,7 +70,7 @@ class TCAVResult:
 class TCAV:
     """Testing with concept activation vectors (Kim et al. 2018, https://arxiv.org/abs/1711.11279), with its t-test.
 
-    For each concept and layer, ``runs`` CAVs are fitted (:func:`~attribution.concepts.cav`), each against another
+    For each concept and layer, ``runs`` CAVs are fitted (:func:`~attribution.cav`), each against another
     set of random counterexamples, and ``runs`` random-vs-random CAVs beside them. Called on inputs, the target's
     gradient at every layer comes from one backward per batch, and its dot product with every CAV gives the
     directional derivatives; their sign count and magnitude per run are averaged, and the runs' sign counts are
@@ -94,7 +94,7 @@ class TCAV:
             iterable of batches; at least two examples each.
         random_concepts: a list of at least ``runs + 1`` example sets, or one pool of examples to draw them from.
         runs: the CAVs per concept and layer (at least 2).
-        kind: the CAVs' classifier: ``"logistic"``, ``"sgd"`` or ``"mean"`` (see :func:`~attribution.concepts.cav`).
+        kind: the CAVs' classifier: ``"logistic"``, ``"sgd"`` or ``"mean"`` (see :func:`~attribution.cav`).
         seed: seeds the draws from a pool, the held-out splits and SGD.
         held_out: the share of each set held out for the CAVs' accuracy.
         alpha: the significance level of the corrected p-values.

@@ -77,11 +77,13 @@ def test_the_scores_are_the_formulas_on_the_directional_derivatives_recomputed_i
     for name in concepts:
         for layer, index in (("1", 2), ("3", 4)):
             score, vectors = result.scores[name][layer], torch.stack([c.vector for c in tcav.cavs[name][layer]])
-            slow = torch.zeros(4, 7, dtype=torch.float64)
+            nulls = torch.stack([c.vector for c in tcav.random_cavs[layer]])
+            slow, null = torch.zeros(4, 7, dtype=torch.float64), torch.zeros(4, 7, dtype=torch.float64)
             for item, target in enumerate([2, 0, 1, 2, 2, 0, 1]):
                 acts = model[:index](inputs[item : item + 1]).detach().requires_grad_(True)
                 (grad,) = torch.autograd.grad(model[index:](acts)[0, target], acts)
-                slow[:, item] = vectors @ grad.flatten()
+                slow[:, item], null[:, item] = vectors @ grad.flatten(), nulls @ grad.flatten()
+            assert score.random_sign_counts.tolist() == [sum(v > 0 for v in row) / 7 for row in null.tolist()]
             torch.testing.assert_close(score.derivatives, slow, rtol=1e-10, atol=1e-12)
             assert score.sign_counts.tolist() == [sum(v > 0 for v in row) / 7 for row in slow.tolist()]
             expected = [sum(max(v, 0) for v in row) / sum(abs(v) for v in row) for row in slow.tolist()]
@@ -90,6 +92,20 @@ def test_the_scores_are_the_formulas_on_the_directional_derivatives_recomputed_i
             p = stats.ttest_ind(score.sign_counts.numpy(), score.random_sign_counts.numpy()).pvalue
             assert score.p_value == pytest.approx(min(1.0, 4 * p), rel=1e-10)  # 2 concepts x 2 layers
             assert score.significant == (score.p_value < 0.05)
+
+
+def test_mean_cavs_give_the_same_sign_counts_on_both_sides_of_a_linear_layer():
+    """Layer 1 = W h0 + b: the mean CAV there is W times the one at layer 0, the gradient at 0 is W^T times the one at
+    1, so each derivative is the same number up to the two vectors' lengths."""
+    model, inputs = nonlinear_head(3), randn(30, 6, seed=150)
+    concepts = {"c": randn(40, 6, seed=151) + 0.5, "d": randn(40, 6, seed=152) * 1.5}
+    result = TCAV(model, ["0", "1"], concepts, randn(200, 6, seed=153), runs=4, kind="mean")(inputs, target=1)
+    for name in concepts:
+        at0, at1 = result.scores[name]["0"], result.scores[name]["1"]
+        assert torch.equal(at0.sign_counts, at1.sign_counts)
+        ratio = at0.derivatives / at1.derivatives  # one positive factor per run
+        torch.testing.assert_close(ratio, ratio[:, :1].expand_as(ratio))
+        assert (ratio > 0).all()
 
 
 def test_a_list_of_random_sets_follows_kim_et_al_and_equals_the_public_cav():
