@@ -36,6 +36,7 @@ from .circuits import (
     faithfulness,
     faithfulness_curve,
 )
+from .concepts import CAV, TCAV, TCAVResult, cav
 from .datasets import aggregate as _aggregate
 from .datasets import attribute_dataset, class_means, mean_patching, open_results
 from .datasets import runner as _runner
@@ -110,6 +111,10 @@ __all__ = [
     "interchange_intervention_accuracy",
     "train_intervention",
     "AblationCAM",
+    "CAV",
+    "TCAV",
+    "TCAVResult",
+    "cav",
     "AttentionRollout",
     "AttnLRP",
     "AttributionGraph",

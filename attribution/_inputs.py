@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -39,6 +39,31 @@ def call(model: nn.Module, inputs: Any) -> Any:
 
 def _leaves(inputs: Any) -> list[Any]:
     return flatten(dict(inputs) if isinstance(inputs, Mapping) else inputs)[0]
+
+
+def batches(data: Any, batch_size: int) -> Iterator[Any]:
+    """A tensor or a mapping of tensors cut into batches along axis 0; anything else iterated as batches.
+
+    Example:
+        >>> [tuple(b.shape) for b in batches(torch.zeros(5, 2), 2)]
+        [(2, 2), (2, 2), (1, 2)]
+    """
+    if isinstance(data, torch.Tensor):
+        yield from data.split(batch_size)
+    elif isinstance(data, Mapping):  # HF keyword inputs: tensors cut, other values (use_cache=False) passed on
+        tensors = [v for v in data.values() if isinstance(v, torch.Tensor) and v.dim() > 0]
+        if not tensors:
+            raise TypeError(f"`data` is a mapping without a tensor to cut into batches: keys {list(data)}")
+        for start in range(0, len(tensors[0]), batch_size):
+            yield {k: _cut(v, start, batch_size) for k, v in data.items()}
+    elif isinstance(data, Iterable):
+        yield from data
+    else:
+        raise TypeError(f"`data` must be a tensor, a mapping of tensors or an iterable of batches; got {type(data)}")
+
+
+def _cut(value: Any, start: int, size: int) -> Any:
+    return value[start : start + size] if isinstance(value, torch.Tensor) and value.dim() > 0 else value
 
 
 def batch_size(inputs: Any) -> int:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Mapping
 from typing import Any, Literal
 
 import torch
@@ -10,27 +10,8 @@ from torch import nn
 
 from hooks import resolve
 
+from .._inputs import batches
 from .._run import Element, HookedRun, eager_module, hook_site
-
-
-def batches(data: Any, batch_size: int) -> Iterator[Any]:
-    """A tensor or a mapping of tensors cut into batches along axis 0; anything else iterated as batches."""
-    if isinstance(data, torch.Tensor):
-        yield from data.split(batch_size)
-    elif isinstance(data, Mapping):  # HF keyword inputs: tensors cut, other values (use_cache=False) passed on
-        tensors = [v for v in data.values() if isinstance(v, torch.Tensor) and v.dim() > 0]
-        if not tensors:
-            raise TypeError(f"`data` is a mapping without a tensor to cut into batches: keys {list(data)}")
-        for start in range(0, len(tensors[0]), batch_size):
-            yield {k: _cut(v, start, batch_size) for k, v in data.items()}
-    elif isinstance(data, Iterable):
-        yield from data
-    else:
-        raise TypeError(f"`data` must be a tensor, a mapping of tensors or an iterable of batches; got {type(data)}")
-
-
-def _cut(value: Any, start: int, size: int) -> Any:
-    return value[start : start + size] if isinstance(value, torch.Tensor) and value.dim() > 0 else value
 
 
 def rows(x: torch.Tensor, position: int | None) -> torch.Tensor:
