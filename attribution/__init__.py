@@ -17,6 +17,16 @@ import sys
 
 from . import targets as targets  # the target helpers keep their namespace
 from .cam import AblationCAM, EigenCAM, GradCAM, GradCAMPlusPlus, HiResCAM, LayerCAM, ScoreCAM, XGradCAM
+from .causal import (
+    BoundlessSubspace,
+    Interchange,
+    LowRankSubspace,
+    RotatedSubspace,
+    Site,
+    interchange,
+    interchange_intervention_accuracy,
+    train_intervention,
+)
 from .circuits import (
     Circuit,
     EdgeScores,
@@ -48,10 +58,12 @@ from .gradients import (
     GuidedGradCAM,
     InputXGradient,
     IntegratedGradients,
+    NeuronGradient,
     Saliency,
     SmoothGrad,
 )
 from .graphs import AttributionGraph, attribution_graph
+from .influence import linear_datamodeling_score, retrain_on_subsets
 from .lens import DirectLogitAttribution, direct_logit_attribution, logit_lens
 from .lrp import LRP, AttnLRP
 from .patching import Patch, activation_patching, attribution_patching, patch, path_patching, record
@@ -80,6 +92,14 @@ sys.modules[f"{__name__}.aggregate"] = _aggregate
 dataset, aggregate = _runner, _aggregate  # ``import attribution.dataset`` then ``attribution.dataset.x``
 
 __all__ = [
+    "BoundlessSubspace",
+    "Interchange",
+    "LowRankSubspace",
+    "RotatedSubspace",
+    "Site",
+    "interchange",
+    "interchange_intervention_accuracy",
+    "train_intervention",
     "AblationCAM",
     "AttentionRollout",
     "AttnLRP",
@@ -101,14 +121,15 @@ __all__ = [
     "GradientShap",
     "GuidedBackprop",
     "GuidedGradCAM",
+    "Heads",
     "HiResCAM",
     "InputXGradient",
     "IntegratedGradients",
     "KernelSHAP",
     "LIME",
     "LRP",
-    "Heads",
     "LayerCAM",
+    "NeuronGradient",
     "Neurons",
     "Occlusion",
     "Patch",
@@ -142,6 +163,7 @@ __all__ = [
     "faithfulness",
     "faithfulness_curve",
     "feature_statistics",
+    "linear_datamodeling_score",
     "load_dictionary",
     "logit_lens",
     "mean_patching",
@@ -150,6 +172,7 @@ __all__ = [
     "path_patching",
     "probe",
     "record",
+    "retrain_on_subsets",
     "score",
     "splice",
     "steer",

@@ -25,11 +25,13 @@ def interleaved(
     repeats: int,
     warmup: int = 1,
     statistic: Callable[[list[float]], float] = statistics.median,
+    clock: Callable[[], float] = time.perf_counter,
 ) -> dict[str, float]:
-    """Median (or ``statistic``) wall time of each variant; the variants run in turn so that drift hits all alike.
+    """Median (or ``statistic``) time of each variant; the variants run in turn so that drift hits all alike.
 
     Round ``r`` starts with variant ``r`` (modulo their number), so that no variant always runs first, after the
-    last one of the previous round.
+    last one of the previous round. ``clock`` is wall time by default; ``time.process_time`` gives the CPU time of
+    the process, which other jobs on a busy machine disturb less (with one torch thread, it is the work done).
     """
     for fn in variants.values():
         for _ in range(warmup):
@@ -40,9 +42,9 @@ def interleaved(
         for name in names[r % len(names) :] + names[: r % len(names)]:
             fn = variants[name]
             gc.collect()
-            start = time.perf_counter()
+            start = clock()
             fn()
-            times[name].append(time.perf_counter() - start)
+            times[name].append(clock() - start)
     return {name: statistic(values) for name, values in times.items()}
 
 

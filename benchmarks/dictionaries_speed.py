@@ -7,7 +7,9 @@ Run from the repository root: python -m benchmarks.dictionaries_speed [--rounds 
    minimal hand-written PyTorch loop of the same algorithm (topk encode, decode, MSE, AuxK on the features dead
    for one batch, the decoder gradient's parallel part removed, Adam, rows renormalised; no order, store or
    checkpoint), in activations per second. With 8 steps of 1024, features are dead after 1024 tokens in both, so
-   AuxK runs at every step in both. Goal: at most 1.15 x the floor's time per step.
+   AuxK runs at every step in both. The floor decodes densely (``f @ W_dec``, autograd's dense backward) as the
+   plainest loop does; ``train_dictionary`` trains TopK on sparse codes (``attribution/dictionaries/_sparse.py``), so
+   it is expected below the floor. Goal: at most 1.15 x the floor's time per step.
 2. Splice: a random-weight 4-layer Llama (width 576, SmolLM2's MLP shape), 8 x 128 tokens, one forward spliced with
    that SAE at layer 2's MLP (``error=True``) against the plain forward plus the dictionary's own encode and decode
    of the same activations (the floor). Goal: at most 1.1 x.

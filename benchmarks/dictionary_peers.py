@@ -41,6 +41,7 @@ import shutil
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -98,19 +99,25 @@ def batches(x: torch.Tensor, steps: int) -> list[torch.Tensor]:
     return [x[flat[i * BATCH : (i + 1) * BATCH]] for i in range(steps)]
 
 
-def train_ours(x: torch.Tensor, steps: int, out: Path) -> float:
+def _timed(call: Callable[[], object]) -> tuple[float, float]:
+    """Wall seconds and CPU seconds (every thread of the process: the work done, whatever the load) of ``call()``."""
+    wall, cpu = time.perf_counter(), time.process_time()
+    call()
+    return time.perf_counter() - wall, time.process_time() - cpu
+
+
+def train_ours(x: torch.Tensor, steps: int, out: Path) -> tuple[float, float]:
     from attribution import SAE, train_dictionary
 
     sae = SAE(WIDTH, FEATURES, k=K)
-    start = time.perf_counter()
-    train_dictionary(None, x, None, sae, out=out / "run", tokens=steps * BATCH, batch_size=BATCH, lr=LR, seed=SEED,
-                     checkpoint_every=steps, progress=False)  # fmt: skip
-    seconds = time.perf_counter() - start
+    seconds = _timed(lambda: train_dictionary(None, x, None, sae, out=out / "run", tokens=steps * BATCH,
+                                              batch_size=BATCH, lr=LR, seed=SEED, checkpoint_every=steps,
+                                              progress=False))  # fmt: skip
     sae.save(out / "weights")
     return seconds
 
 
-def train_saelens(x: torch.Tensor, steps: int, out: Path) -> float:
+def train_saelens(x: torch.Tensor, steps: int, out: Path) -> tuple[float, float]:
     from sae_lens import SAETrainer, TopKTrainingSAE, TopKTrainingSAEConfig
     from sae_lens.config import SAETrainerConfig
 
@@ -121,9 +128,7 @@ def train_saelens(x: torch.Tensor, steps: int, out: Path) -> float:
         feature_sampling_window=steps, n_checkpoints=0, save_final_checkpoint=False,
     )  # fmt: skip
     trainer = SAETrainer(cfg, sae, iter(batches(x, steps)))
-    start = time.perf_counter()
-    trainer.fit()
-    seconds = time.perf_counter() - start
+    seconds = _timed(trainer.fit)
     sae.fold_W_dec_norm()  # SAELens's own fold (as in its fold_activation_whitening): the same function, unit rows
     sae.cfg.rescale_acts_by_decoder_norm = False
     sae.save_model(out / "weights")
@@ -153,7 +158,7 @@ class _RowsModel(torch.nn.Module):
         return self.rows(input_ids)
 
 
-def train_sparsify(x: torch.Tensor, steps: int, out: Path) -> float:
+def train_sparsify(x: torch.Tensor, steps: int, out: Path) -> tuple[float, float]:
     from datasets import Dataset
     from sparsify import SparseCoderConfig, TrainConfig, Trainer
 
@@ -166,14 +171,12 @@ def train_sparsify(x: torch.Tensor, steps: int, out: Path) -> float:
         init_seeds=[SEED], save_every=10**9, log_to_wandb=False, save_dir=str(out), run_name="run",
     )  # fmt: skip
     trainer = Trainer(cfg, data, _RowsModel(x))
-    start = time.perf_counter()
-    trainer.fit()
-    seconds = time.perf_counter() - start
+    seconds = _timed(trainer.fit)
     os.replace(out / "run" / "rows", out / "weights")
     return seconds
 
 
-def train_dictionary_learning(x: torch.Tensor, steps: int, out: Path) -> float:
+def train_dictionary_learning(x: torch.Tensor, steps: int, out: Path) -> tuple[float, float]:
     from dictionary_learning.trainers.top_k import TopKTrainer
     from dictionary_learning.training import trainSAE
 
@@ -183,9 +186,7 @@ def train_dictionary_learning(x: torch.Tensor, steps: int, out: Path) -> float:
         "device": "cpu",
     }  # fmt: skip
     data = iter(batches(x, steps))
-    start = time.perf_counter()
-    trainSAE(data, [config], steps, save_dir=str(out / "run"), device="cpu")
-    seconds = time.perf_counter() - start
+    seconds = _timed(lambda: trainSAE(data, [config], steps, save_dir=str(out / "run"), device="cpu"))
     os.replace(out / "run" / "trainer_0", out / "weights")
     return seconds
 
@@ -200,10 +201,10 @@ def train_one(name: str, work: Path, steps: int, threads: int) -> None:
     out = work / name
     fn = {"ours": train_ours, "saelens": train_saelens, "sparsify": train_sparsify,
           "dictionary_learning": train_dictionary_learning}[name]  # fmt: skip
-    seconds = fn(x, steps, out)
+    seconds, cpu = fn(x, steps, out)
     package = TRAINERS[name]
     version = importlib.metadata.version(package) if package else _our_version()
-    print(json.dumps({"seconds": seconds, "version": version, "torch": torch.__version__}))
+    print(json.dumps({"seconds": seconds, "cpu": cpu, "version": version, "torch": torch.__version__}))
 
 
 def _our_version() -> str:
@@ -225,7 +226,35 @@ def held_out(path: Path, x: torch.Tensor) -> dict[str, float]:
             "dead": float((~(f > 0).any(0)).float().mean())}  # fmt: skip
 
 
-def main(steps: int, threads: int, work: Path, venvs: Path, only: list[str], write_inc: bool) -> None:
+def run_trainer(name: str, steps: int, threads: int, work: Path, venvs: Path, env: dict[str, str]) -> dict:
+    """One fresh training run of ``name`` in its own process under the lock; its times and held-out numbers."""
+    python = sys.executable if name == "ours" else str(venvs / VENVS[name] / "bin" / "python")
+    if not Path(python).is_file():
+        return {"error": f"not installed: {python} is missing"}
+    shutil.rmtree(work / name, ignore_errors=True)  # a fresh run (ours would resume a finished one)
+    before = Path("/proc/loadavg").read_text().split()[:3]
+    run = subprocess.run(["flock", LOCK, python, "-m", "benchmarks.dictionary_peers", "--train", name,
+                          "--work", str(work), "--steps", str(steps), "--threads", str(threads)],
+                         env=env, cwd=ROOT, capture_output=True, text=True)  # fmt: skip
+    after = Path("/proc/loadavg").read_text().split()[:3]
+    (work / f"{name}.log").write_text(run.stdout + run.stderr)
+    lines = [line for line in run.stdout.splitlines() if line.startswith("{")]
+    if run.returncode != 0 or not lines:
+        tail = (run.stderr or run.stdout).strip().splitlines()[-1:] or ["(no output)"]
+        result = {"error": f"exit {run.returncode}: {tail[0]}"}
+    else:
+        result = json.loads(lines[-1])
+        try:
+            result.update(
+                held_out(work / name / "weights", torch.from_numpy(np.load(work / "activations.npy"))[TRAIN_ROWS:])
+            )
+        except Exception as exc:  # a folder our loader cannot read is reported, not hidden
+            result["error"] = f"load_dictionary: {type(exc).__name__}: {exc}"
+    result["load"] = f"{' '.join(before)} -> {' '.join(after)}"
+    return result
+
+
+def main(steps: int, threads: int, work: Path, venvs: Path, only: list[str], write_inc: bool, rounds: int) -> None:
     work.mkdir(parents=True, exist_ok=True)
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": str(threads), "WANDB_MODE": "disabled",
            "TOKENIZERS_PARALLELISM": "false", "SPARSIFY_DISABLE_TRITON": "1", "HF_DATASETS_OFFLINE": "1"}  # fmt: skip
@@ -234,33 +263,12 @@ def main(steps: int, threads: int, work: Path, venvs: Path, only: list[str], wri
         start = time.perf_counter()
         subprocess.run(["flock", LOCK, *here, "--record", "--work", str(work)], env=env, cwd=ROOT, check=True)
         print(f"activations recorded in {time.perf_counter() - start:.0f} s")
-    x = torch.from_numpy(np.load(work / "activations.npy"))
-    test = x[TRAIN_ROWS:]
-    results: dict[str, dict] = {}
-    for name in only:
-        python = sys.executable if name == "ours" else str(venvs / VENVS[name] / "bin" / "python")
-        if not Path(python).is_file():
-            results[name] = {"error": f"not installed: {python} is missing"}
-            continue
-        shutil.rmtree(work / name, ignore_errors=True)  # a fresh run (ours would resume a finished one)
-        before = Path("/proc/loadavg").read_text().split()[:3]
-        run = subprocess.run(["flock", LOCK, python, "-m", "benchmarks.dictionary_peers", "--train", name,
-                              "--work", str(work), "--steps", str(steps), "--threads", str(threads)],
-                             env=env, cwd=ROOT, capture_output=True, text=True)  # fmt: skip
-        after = Path("/proc/loadavg").read_text().split()[:3]
-        (work / f"{name}.log").write_text(run.stdout + run.stderr)
-        lines = [line for line in run.stdout.splitlines() if line.startswith("{")]
-        if run.returncode != 0 or not lines:
-            tail = (run.stderr or run.stdout).strip().splitlines()[-1:] or ["(no output)"]
-            results[name] = {"error": f"exit {run.returncode}: {tail[0]}"}
-        else:
-            results[name] = json.loads(lines[-1])
-            try:
-                results[name].update(held_out(work / name / "weights", test))
-            except Exception as exc:  # a folder our loader cannot read is reported, not hidden
-                results[name]["error"] = f"load_dictionary: {type(exc).__name__}: {exc}"
-        results[name]["load"] = f"{' '.join(before)} -> {' '.join(after)}"
-        print(name, json.dumps(results[name]), flush=True)
+    runs: dict[str, list[dict]] = {name: [] for name in only}
+    for _ in range(rounds):  # interleaved: every trainer once per round, so that a change of load hits all alike
+        for name in only:
+            runs[name].append(run_trainer(name, steps, threads, work, venvs, env))
+            print(name, json.dumps(runs[name][-1]), flush=True)
+    results = {name: _median_of(done) for name, done in runs.items()}
     (work / "results.json").write_text(json.dumps(results, indent=1))
     text = render(results, steps, threads)
     print(text)
@@ -268,32 +276,49 @@ def main(steps: int, threads: int, work: Path, venvs: Path, only: list[str], wri
         (ROOT / "docs" / "methods" / "dictionaries_peers.inc").write_text(text)
 
 
+def _median_of(done: list[dict]) -> dict:
+    """The last run's numbers with the median wall and CPU seconds of all runs (the held-out ones are the same)."""
+    timed = [r for r in done if "seconds" in r]
+    if not timed:
+        return done[-1]
+    result = dict(timed[-1], rounds=len(timed), load="; ".join(r["load"] for r in done))
+    for key in ("seconds", "cpu"):
+        result[key] = float(np.median([r[key] for r in timed]))
+    return result
+
+
 def render(results: dict[str, dict], steps: int, threads: int) -> str:
     from benchmarks._timing import table
 
     ours = results.get("ours", {})
+    rounds = max((r.get("rounds", 1) for r in results.values()), default=1)
     rows = []
     for name, r in results.items():
         if "seconds" not in r:
-            rows.append([name, "-", str(steps), str(BATCH), "-", "-", "-", "-", "-", r.get("error", "?")])
+            rows.append([name, "-", str(steps), str(BATCH), "-", "-", "-", "-", "-", "-", "-", r.get("error", "?")])
             continue
         rate = steps * BATCH / r["seconds"]
-        ratio = f"{rate / (steps * BATCH / ours['seconds']):.2f}x" if "seconds" in ours else "-"
+        ratio = f"{ours['seconds'] / r['seconds']:.2f}x" if "seconds" in ours else "-"
+        per_cpu = f"{steps * BATCH / r['cpu']:.0f}" if "cpu" in r else "-"
+        cpu_ratio = f"{ours['cpu'] / r['cpu']:.2f}x" if "cpu" in r and "cpu" in ours else "-"
         fvu = f"{r['fvu']:.4f}" if "fvu" in r else "-"
         l0 = f"{r['l0']:.1f}" if "l0" in r else "-"
         dead = f"{100 * r['dead']:.1f}%" if "dead" in r else "-"
-        row = [name, r["version"], str(steps), str(BATCH), f"{rate:.0f}", ratio, fvu, l0, dead, r.get("error", "")]
+        row = [name, r["version"], str(steps), str(BATCH), f"{rate:.0f}", ratio, per_cpu, cpu_ratio, fvu, l0, dead,
+               r.get("error", "")]  # fmt: skip
         rows.append(row)
     header = (
         f"TopK SAE 576 -> 4608, k = 32, Adam lr 4e-4, {steps} steps x {BATCH} rows of SmolLM2-135M layer-15 MLP "
         f"output; CPU, {threads} threads, torch {torch.__version__}; held-out FVU on 8,192 other rows"
     )
-    text = table(["trainer", "version", "steps", "batch", "tokens/s", "speed vs ours", "held-out FVU", "L0",
-                  "dead (held-out)", "note"],
+    text = table(["trainer", "version", "steps", "batch", "tokens/s", "speed vs ours", "tokens/CPU-s",
+                  "CPU speed vs ours", "held-out FVU", "L0", "dead (held-out)", "note"],
                  rows)  # fmt: skip
     loads = [f"{name} {r['load']}" for name, r in results.items() if "load" in r]
     notes = [
-        "one run per trainer; load average (1/5/15 min, 2 cores) before -> after each: " + "; ".join(loads),
+        f"median of {rounds} interleaved runs per trainer (wall and CPU seconds of the training call; CPU seconds",
+        "count every thread of the process: the work done, whatever else runs on the machine); load average (1/5/15",
+        "min, 2 cores) before -> after each run: " + "; ".join(loads),
         "each peer's own recipe otherwise: SAELens decoder_init_norm 0.1, decoder-norm rescaling, b_dec not started",
         "at the data mean; sparsify eager decoder (SPARSIFY_DISABLE_TRITON=1), lr decaying linearly to 0;",
         "dictionary_learning no AuxK in so short a run (dead after 10M tokens, fixed). See the script's docstring.",
@@ -306,6 +331,7 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=24)
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--rounds", type=int, default=1, help="interleaved runs per trainer (medians reported)")
     parser.add_argument("--work", type=Path, default=Path("/tmp/hookscope-dictionary-peers"))
     parser.add_argument("--venvs", type=Path, default=Path("/work/venvs"), help="<venvs>/<peer>/bin/python")
     parser.add_argument("--only", nargs="+", default=list(TRAINERS), choices=list(TRAINERS))
@@ -325,4 +351,4 @@ if __name__ == "__main__":
     elif args.train:
         train_one(args.train, args.work, args.steps, args.threads)
     else:
-        main(args.steps, args.threads, args.work, args.venvs, args.only, args.write_inc)
+        main(args.steps, args.threads, args.work, args.venvs, args.only, args.write_inc, args.rounds)

@@ -20,14 +20,21 @@ on all 20 prompts it took 31 minutes, 22 of them captum's ShapleyValueSampling (
    of 7, 16 and 49, against ours (``perturbations_per_forward`` from the memory budget). Floor: the 50 forwards of
    one image at a time.
 
-Float32, 2 threads; each variant timed once per round, rounds interleaved (benchmarks/_timing.py); each variant
-keeps its result, and the largest difference from captum's is reported.
+3. The same model, one prompt per call as captum runs it, on one thread: token FeatureAblation of three prompts of
+   14 to 19 tokens (:data:`PROMPTS`), target the top next token, baseline token 0. Reported: CPU time
+   (``time.process_time``, the work done, steady on a shared machine where wall time swings 3x), wall time, and per
+   prompt the model calls and the token positions they ran (rows times positions, counted at the embedding).
+
+Float32, 2 threads (part 3: one); each variant timed once per round, rounds interleaved (benchmarks/_timing.py);
+each variant keeps its result, and the largest difference from captum's is reported.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import statistics
+import time
 import warnings
 from pathlib import Path
 from typing import Any
@@ -106,6 +113,72 @@ def smollm2(samples: int, rounds: int, captum_prompts: int) -> list[list[Any]]:
     return rows
 
 
+PROMPTS = (
+    "The capital of France is a city called Paris, and the capital of Germany is a city called",
+    "When Mary and John went to the store, John gave a drink to",
+    "In the morning the old fisherman walked down to the harbour and pushed his small boat into the",
+)
+
+
+def smollm2_per_prompt(rounds: int) -> list[list[Any]]:
+    """Part 3: one prompt per call, one thread; CPU time, wall time, calls and positions per prompt."""
+    try:
+        from captum.attr import FeatureAblation as CaptumFA
+        from captum.attr import LLMAttribution, TextTokenInput
+
+        from examples._smollm2 import load_smollm2
+    except ModuleNotFoundError as exc:
+        print(f"SmolLM2 per-prompt part skipped: {exc}")
+        return []
+    model, tokenizer = load_smollm2()
+    prompts = [tokenizer.encode(text, return_tensors="pt") for text in PROMPTS]
+    with torch.no_grad():
+        tops = [model(x).logits[0, -1].argmax()[None] for x in prompts]
+    counts = [0, 0]  # calls, positions
+
+    def count(module: Any, args: Any) -> None:
+        counts[0], counts[1] = counts[0] + 1, counts[1] + args[0].numel()
+
+    def captum() -> torch.Tensor:
+        rows = []
+        for text, top in zip(PROMPTS, tops, strict=True):
+            llm = LLMAttribution(CaptumFA(model), tokenizer)
+            rows.append(llm.attribute(TextTokenInput(text, tokenizer, baselines=0), target=top).seq_attr)
+        return torch.cat(rows)
+
+    def ours(**options: Any) -> Any:
+        return lambda: torch.cat(
+            [FeatureAblation(model, baseline=0, **options)(x, top)[0] for x, top in zip(prompts, tops, strict=True)]
+        )
+
+    variants = {"captum LLMAttribution": captum, "hookscope reuse=False": ours(reuse=False), "hookscope": ours()}
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    handle = model.get_input_embeddings().register_forward_pre_hook(count)
+    try:
+        measured = {name: [] for name in variants}
+        for r in range(rounds):
+            for name in list(variants)[r % 3 :] + list(variants)[: r % 3]:
+                counts[:] = [0, 0]
+                cpu, wall = time.process_time(), time.perf_counter()
+                result = variants[name]()
+                measured[name].append((time.process_time() - cpu, time.perf_counter() - wall, *counts, result))
+    finally:
+        handle.remove()
+        torch.set_num_threads(threads)
+    reference = measured["captum LLMAttribution"][-1][-1]
+    base = statistics.median(m[0] for m in measured["captum LLMAttribution"])
+    rows = []
+    for name, runs in measured.items():
+        cpu, wall = statistics.median(m[0] for m in runs), statistics.median(m[1] for m in runs)
+        calls, positions, result = runs[-1][2] / len(prompts), runs[-1][3] / len(prompts), runs[-1][4]
+        error = (result.double() - reference.double()).abs().max().item()
+        rows.append(
+            [name, f"{cpu:.2f}", f"{wall:.2f}", f"{base / cpu:.2f}", f"{calls:.1f}", f"{positions:.0f}", f"{error:.1e}"]
+        )
+    return rows
+
+
 def resnet(rounds: int) -> list[list[Any]]:
     from captum.attr import Occlusion as CaptumOcclusion
 
@@ -160,6 +233,7 @@ def main() -> None:
     parser.add_argument("--samples", type=int, default=3)
     parser.add_argument("--captum-prompts", type=int, default=5, help="prompts captum runs (its time is scaled)")
     parser.add_argument("--skip-smollm2", action="store_true")
+    parser.add_argument("--skip-per-prompt", action="store_true", help="skip part 3 (one prompt per call, 1 thread)")
     parser.add_argument("--skip-resnet", action="store_true")
     parser.add_argument("--write-inc", action="store_true", help="write docs/methods/perturbation_speed.inc")
     args = parser.parse_args()
@@ -174,6 +248,23 @@ def main() -> None:
                 f"baseline token 0; ShapleyValueSampling with {args.samples} permutations"
             )
             parts.append((title, ["variant", "s", "x captum", "max abs diff vs captum"], rows))
+    if not args.skip_per_prompt:
+        rows = smollm2_per_prompt(max(args.rounds, 3))
+        if rows:
+            title = (
+                "SmolLM2-135M-Instruct, token FeatureAblation of 3 prompts of 19, 14 and 18 tokens, one prompt per "
+                "call, 1 thread, target the top next token, baseline token 0; median of 3 rounds"
+            )
+            header = [
+                "variant",
+                "CPU s",
+                "wall s",
+                "x captum (CPU)",
+                "calls / prompt",
+                "positions / prompt",
+                "max abs diff",
+            ]
+            parts.append((title, header, rows))
     if not args.skip_resnet:
         title = "resnet50 (random weights), 1 x 3 x 224 x 224, Occlusion window (3, 56, 56), stride (3, 28, 28)"
         parts.append((title, ["variant", "s", "x captum's best", "max abs diff vs captum"], resnet(args.rounds)))

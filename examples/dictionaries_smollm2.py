@@ -170,6 +170,6 @@ if __name__ == "__main__":
     parser.add_argument("--out", type=Path, default=Path("out"))
     parser.add_argument("--sequences", type=int, default=512, help="training sequences of 64 tokens")
     parser.add_argument("--passes", type=int, default=2, help="passes over the recorded activations")
-    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--threads", type=int, default=2)
     args = parser.parse_args()
     main(args.out, args.sequences, args.passes, args.threads)

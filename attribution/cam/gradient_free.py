@@ -47,7 +47,7 @@ class ScoreCAM(CAM):
         layers: the layer(s), as for :class:`GradCAM`.
         layer: exactly one layer by keyword, as for :class:`GradCAM`.
         batch_size: masked inputs per forward.
-        progress: show a tqdm progress bar.
+        progress: show a tqdm progress bar on a terminal.
         reshape: as for :class:`GradCAM`.
         call: as for :class:`GradCAM`.
     """
@@ -123,7 +123,7 @@ class AblationCAM(CAM):
         layers: the layer(s), as for :class:`GradCAM`; each must return ``(batch, channels, h, w)``.
         layer: exactly one layer by keyword, as for :class:`GradCAM`.
         batch_size: ablated channels per forward.
-        progress: show a tqdm progress bar.
+        progress: show a tqdm progress bar on a terminal.
         call: as for :class:`GradCAM`.
 
     Example:

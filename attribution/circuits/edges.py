@@ -114,7 +114,7 @@ def edge_attribution(
         metric: ``metric(model_output) -> scalar tensor`` (e.g. the mean logit difference), differentiable in the
             output.
         ig_steps: 1 for EAP; ``k > 1`` for EAP-IG with ``k`` points.
-        progress: a progress bar over the integrated-gradients runs.
+        progress: a progress bar on a terminal over the integrated-gradients runs.
         names: module names and sizes for a layout :func:`~attribution.circuits.read_graph` does not find by itself
             (its keyword arguments).
         rules: ``"gradient"`` (EAP, EAP-IG) or ``"relp"`` (the readers' gradients from RelP's rules; HuggingFace

@@ -206,7 +206,7 @@ def exact_edge_effects(
         metric: ``metric(model_output) -> scalar tensor``, called on each patched run's rows.
         edges: ``(writer, reader)`` pairs.
         edges_per_run: how many edges share a forward (memory grows with it: that many copies of the batch).
-        progress: a progress bar over the forwards.
+        progress: a progress bar on a terminal over the forwards.
         names: module names and sizes for a layout :func:`~attribution.circuits.read_graph` does not find by itself.
 
     Returns:

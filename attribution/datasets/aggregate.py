@@ -139,8 +139,8 @@ def mean_patching(
         layers: the layers to patch, as for :func:`~attribution.activation_patching`.
         metric: ``metric(model_output)`` -> a scalar, as for :func:`~attribution.activation_patching`.
         patching: the patching function (default :func:`~attribution.activation_patching`).
-        progress: show a tqdm progress bar over the pairs (on rank 0); the patching function's own bar is turned
-            off when it has a ``progress`` parameter.
+        progress: show a tqdm progress bar on a terminal over the pairs (on rank 0); the patching function's own bar
+            is turned off when it has a ``progress`` parameter.
         **options: passed to ``patching`` (``positions=``, ``site=``, ``heads=``, ``normalize=``, ...).
 
     Returns:

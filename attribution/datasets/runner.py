@@ -131,7 +131,7 @@ def attribute_dataset(
             share them evenly, with at least 4 batches per shard when that still leaves 8 shards: each shard costs
             a directory and a few file syncs). Keep it a multiple of ``batch_size``: batches never cross shards.
         device: where the inputs go (default: the device of the model's first parameter, else left as they are).
-        progress: show a tqdm progress bar with items/s (on rank 0, counting its own share).
+        progress: show a tqdm progress bar on a terminal with items/s (on rank 0, counting its own share).
         run_name: a name (or version) for the run, stored with its settings. Needed to resume a run whose method
             or target holds values that cannot be read (shown as ``<unreadable ...>`` in the settings): the name
             then vouches that the computation is the same. Give the same name on every resume.

@@ -98,7 +98,7 @@ def evaluate_dictionary(
         data: batches of token ids ``(batch, tokens)``, or of model inputs (dicts with ``"input_ids"``).
         site: the module the dictionary is spliced at.
         dictionary: the :class:`~attribution.SAE` or :class:`~attribution.Transcoder`.
-        progress: show a progress bar.
+        progress: show a progress bar on a terminal.
 
     Returns:
         The :class:`DictionaryReport`. A warning says when its ``loss_recovered`` is ill-conditioned

@@ -56,10 +56,14 @@ class _Sparse(nn.Module):
         """The number of features."""
         return int(self.W_enc.shape[1])
 
+    def encoder_input(self, x: torch.Tensor) -> torch.Tensor:
+        """What the encoder multiplies by ``W_enc``: ``x`` itself (an SAE's ``x - b_dec``, see :class:`SAE`)."""
+        return x
+
     def pre(self, x: torch.Tensor) -> torch.Tensor:
-        """The pre-activations ``x @ W_enc + b_enc``: ``(..., n_features)``."""
+        """The pre-activations ``encoder_input(x) @ W_enc + b_enc``: ``(..., n_features)``."""
         self._check(x)
-        return x @ self.W_enc + self.b_enc
+        return self.encoder_input(x) @ self.W_enc + self.b_enc
 
     def activate(self, pre: torch.Tensor) -> torch.Tensor:
         """The activation applied to pre-activations (``batchtopk``: its inference rule, the threshold)."""
@@ -136,10 +140,9 @@ class SAE(_Sparse):
         super().__init__(d_in, d_in, n_features, activation, k)
         self.subtract_b_dec = bool(subtract_b_dec)
 
-    def pre(self, x: torch.Tensor) -> torch.Tensor:
-        """The pre-activations ``(x - b_dec) @ W_enc + b_enc``: ``(..., n_features)``."""
-        self._check(x)
-        return (x - self.b_dec if self.subtract_b_dec else x) @ self.W_enc + self.b_enc
+    def encoder_input(self, x: torch.Tensor) -> torch.Tensor:
+        """``x - b_dec`` (``x`` itself with ``subtract_b_dec=False``): what the encoder multiplies by ``W_enc``."""
+        return x - self.b_dec if self.subtract_b_dec else x
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """The reconstruction ``decode(encode(x))``."""

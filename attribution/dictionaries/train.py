@@ -6,6 +6,7 @@ import functools
 import json
 import math
 import os
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -15,7 +16,7 @@ import torch
 from torch import nn
 
 from .._progress import progress as progress_bar
-from . import _math, _parallel
+from . import _math, _parallel, _sparse
 from ._activations import Rows, open_source, record_shards
 from .modules import SAE, Dictionary, Transcoder, reconstruct
 
@@ -78,7 +79,9 @@ def train_dictionary(
       (Gao et al. 2024): the error predicted from the ``d_in // 2`` largest pre-activations of the dead features (not
       fired for the last tenth of the tokens, at most 10M), normalised by the error's variance. The decoder rows are
       kept at unit norm: the decoder gradient's component along each row is removed before the step and the rows
-      are set back to unit norm after it.
+      are set back to unit norm after it. Both train on sparse codes: the pre-activations are one dense product
+      without a graph, and the decoder (``embedding_bag``) and every backward touch only the active features, equal
+      to the dense computation to float rounding.
     * ``relu`` adds the L1 penalty ``l1_coefficient * sum_i f_i |W_dec[i]|`` per row (SAELens's standard SAE,
       Anthropic's April 2024 update): the decoder rows' norms are free and weigh their features.
     * ``jumprelu`` (Rajamanoharan et al. 2024) adds the L0 penalty ``l0_coefficient * sum_i H(pre_i - t_i)`` per
@@ -125,7 +128,7 @@ def train_dictionary(
         lr: Adam's learning rate.
         seed: the seed of the row order.
         checkpoint_every: steps between checkpoints (default: a tenth of the steps).
-        progress: show progress bars.
+        progress: show progress bars on a terminal.
         l1_coefficient: the L1 penalty's weight; required for ``activation="relu"`` (its right value depends on the
             activations' scale: larger is sparser), refused for the others.
         l0_coefficient: the L0 penalty's weight; required for ``activation="jumprelu"``, refused for the others.
@@ -362,6 +365,20 @@ def _split(dictionary: Dictionary, batch: torch.Tensor) -> tuple[torch.Tensor, t
     return batch[:, : dictionary.d_in], batch[:, dictionary.d_in :]
 
 
+def _decodes_sparsely(dictionary: Dictionary) -> bool:
+    """TopK and BatchTopK train on sparse codes (:mod:`._sparse`); ReLU and JumpReLU, whose codes are wider, densely."""
+    return dictionary.activation in ("topk", "batchtopk")
+
+
+def _batch_kth(pre: torch.Tensor, k: int, total: int) -> torch.Tensor:
+    """BatchTopK over every process's rows: the ``(k x total)``-th largest ``relu(pre)`` of all processes."""
+    keep = k * total
+    flat = torch.relu(pre).detach().reshape(-1)
+    mine = flat.topk(min(keep, flat.numel())).values
+    mine = torch.cat([mine, mine.new_zeros(keep - len(mine))])
+    return _parallel.gather(mine).topk(keep).values[-1]
+
+
 def _features(
     dictionary: Dictionary, pre: torch.Tensor, state: _State, plan: _Plan, total: int
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -378,14 +395,28 @@ def _features(
         return _math.topk(pre, dictionary.k), None
     if not _parallel.active():
         return _math.batch_topk(pre, dictionary.k), None
-    # BatchTopK over every process's rows: the (k x total)-th largest of all, from each process's largest
-    keep = dictionary.k * total
     positive = torch.relu(pre)
-    flat = positive.detach().reshape(-1)
-    mine = flat.topk(min(keep, flat.numel())).values
-    mine = torch.cat([mine, mine.new_zeros(keep - len(mine))])
-    kth = _parallel.gather(mine).topk(keep).values[-1]
-    return positive * (positive >= kth).to(pre.dtype), None
+    return positive * (positive >= _batch_kth(pre, dictionary.k, total)).to(pre.dtype), None
+
+
+def _pattern(dictionary: Dictionary, pre: torch.Tensor, total: int) -> _sparse.Pattern:
+    """The active entries of TopK or BatchTopK (over the whole batch of ``total`` rows)."""
+    if dictionary.activation == "topk":
+        return _sparse.topk_pattern(pre, dictionary.k)
+    if not _parallel.active():
+        return _sparse.batch_topk_pattern(pre, dictionary.k)
+    return _sparse.at_least_pattern(pre, _batch_kth(pre, dictionary.k, total))
+
+
+@dataclass
+class _Forward:
+    """One step's forward: the loss, the activations, what fired, the error, and AuxK's prediction of the error."""
+
+    loss: torch.Tensor
+    values: torch.Tensor  # the training activations: (rows, n_features) dense, or (nnz,) of the sparse pattern
+    fired: torch.Tensor  # (n_features,) bool: positive in some row of this process
+    error: torch.Tensor  # target - reconstruction
+    aux: Callable[[torch.Tensor], torch.Tensor]  # dead (n_features,) -> AuxK's prediction of the error
 
 
 def _loss(
@@ -396,8 +427,8 @@ def _loss(
     plan: _Plan,
     step: int,
     total: int,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """This process's part of the loss (over the batch's ``total`` rows), its features, pre-activations, error."""
+) -> _Forward:
+    """This process's part of the loss (over the batch's ``total`` rows), computed densely."""
     pre = dictionary.pre(source)
     f, threshold = _features(dictionary, pre, state, plan, total)
     error = target - reconstruct(dictionary, f, source)
@@ -410,7 +441,33 @@ def _loss(
         assert plan.bandwidth is not None
         coefficient = _math.warmed_up(plan.l0_coefficient, step, plan.sparsity_warmup or 0)
         loss = loss + coefficient * _math.step_ste(pre, threshold, plan.bandwidth).sum() / total
-    return loss, f, pre, error
+
+    def aux(dead: torch.Tensor) -> torch.Tensor:
+        return _math.auxiliary_topk(pre, dead, dictionary.d_in // 2) @ dictionary.W_dec
+
+    return _Forward(loss, f, (f > 0).any(0), error, aux)
+
+
+def _sparse_loss(dictionary: Dictionary, source: torch.Tensor, target: torch.Tensor, total: int) -> _Forward:
+    """This process's part of TopK's or BatchTopK's loss, with sparse codes: equal to :func:`_loss` to rounding."""
+    x = dictionary.encoder_input(source)
+    with torch.no_grad():  # the one dense product; the graph starts at the active entries
+        pre = x @ dictionary.W_enc + dictionary.b_enc
+
+    def active(pattern: _sparse.Pattern) -> torch.Tensor:
+        return torch.relu(_sparse.gathered(pre, x, dictionary.W_enc, dictionary.b_enc, pattern))
+
+    pattern = _pattern(dictionary, pre, total)
+    values = active(pattern)
+    out = _sparse.decode(values, pattern, dictionary.W_dec) + dictionary.b_dec
+    skip = dictionary.skip_term(source) if isinstance(dictionary, Transcoder) else None
+    error = target - (out if skip is None else out + skip)
+
+    def aux(dead: torch.Tensor) -> torch.Tensor:
+        dead_pattern = _sparse.dead_topk_pattern(pre, dead, dictionary.d_in // 2)
+        return _sparse.decode(active(dead_pattern), dead_pattern, dictionary.W_dec)
+
+    return _Forward(error.pow(2).sum() / total, values, _sparse.fired(values, pattern), error, aux)
 
 
 def _step(
@@ -423,15 +480,19 @@ def _step(
     total: int,
 ) -> None:
     """One optimizer step: loss, gradients summed over the processes, Adam, the activation's bookkeeping."""
-    loss, f, pre, error = _loss(dictionary, state, source, target, plan, step, total)
-    fired = _parallel.any_over_processes((f > 0).any(0))
+    if _decodes_sparsely(dictionary):
+        forward = _sparse_loss(dictionary, source, target, total)
+    else:
+        forward = _loss(dictionary, state, source, target, plan, step, total)
+    loss = forward.loss
+    fired = _parallel.any_over_processes(forward.fired)
     now = step * plan.batch_size + total
     state.last_fired = torch.where(fired, torch.full_like(state.last_fired, now), state.last_fired)
     unit_rows = dictionary.activation in ("topk", "batchtopk")
     dead = (now - state.last_fired) >= plan.dead_after
     if unit_rows and bool(dead.any()):
-        aux = _math.auxiliary_topk(pre, dead, dictionary.d_in // 2) @ dictionary.W_dec
-        residual = error.detach()
+        aux = forward.aux(dead)
+        residual = forward.error.detach()
         mean = _parallel.all_sum(residual.sum(0)) / total
         scale = _parallel.all_sum((residual - mean).pow(2).sum()) / total
         if bool(scale > 0):  # a batch of one row has no variance to normalise by (the same in every process)
@@ -448,8 +509,8 @@ def _step(
         if unit_rows:
             dictionary.W_dec.copy_(_math.unit_rows(dictionary.W_dec))
         if dictionary.activation == "batchtopk":
-            kept = f[f > 0]
-            mine = kept.min() if kept.numel() else torch.full((), math.inf, device=f.device, dtype=f.dtype)
+            kept = forward.values[forward.values > 0]
+            mine = kept.min() if kept.numel() else torch.full((), math.inf, device=kept.device, dtype=kept.dtype)
             smallest = _parallel.min_over_processes(mine)
             smallest = torch.where(torch.isinf(smallest), torch.zeros_like(smallest), smallest)
             first = step == 0

@@ -104,7 +104,7 @@ def feature_statistics(
             ``tokens x width x 4`` bytes for a float32 site, 150 MB for 65,536 tokens of a 576-wide one) for the
             second pass to read instead of running the model again (about half the time with bands); the files are
             removed at the end. ``None``: the model runs twice.
-        progress: show progress bars.
+        progress: show progress bars on a terminal.
 
     Returns:
         The :class:`UnitReport`.

@@ -9,6 +9,7 @@ found it. See ``docs/methods/gradients.rst`` for the formulas and the correspond
 from .guided import Deconvolution, GuidedBackprop
 from .guided_gradcam import GuidedGradCAM
 from .integrated import IntegratedGradients
+from .neuron import NeuronGradient
 from .saliency import InputXGradient, Saliency
 from .smoothgrad import SmoothGrad
 
@@ -18,6 +19,7 @@ __all__ = [
     "GuidedGradCAM",
     "InputXGradient",
     "IntegratedGradients",
+    "NeuronGradient",
     "Saliency",
     "SmoothGrad",
 ]

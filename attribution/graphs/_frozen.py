@@ -4,7 +4,9 @@ One forward of the real model with hooks (one :class:`attribution._run.HookedRun
 
 * the first layer's input becomes a leaf: the token nodes' vectors;
 * every LayerNorm/RMSNorm gets the LN-rule (its scale ``1 / std`` or ``1 / rms`` held at the clean value);
-* the query and key projections' outputs are detached, so the attention probabilities are constants;
+* the query and key projections' outputs are detached, so the attention probabilities are constants, and each
+  layer's attention is written again so that its backward is one product for all rows of a batch
+  (:mod:`attribution.graphs._attention`);
 * each MLP's down projection gets a new leaf as its input (the neuron activations, held), and the activation as
   computed is kept as that layer's targets; the MLP's input and its up (and gate) projections' outputs are kept too;
 * at an MLP with a dictionary instead (:func:`dictionary_hooks`), the features as computed are the targets and the
@@ -26,8 +28,8 @@ layer's neurons, or its features followed by its error (the error's column holds
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 import torch
@@ -41,7 +43,8 @@ from .._transformer_rules import Sites, register_rules
 from ..dictionaries import Transcoder
 from ..dictionaries.modules import Dictionary
 from ..models import LMLayout, linear, logit_softcap
-from ._math import kept_entries
+from ._attention import batched_attention
+from ._math import merged_entries, top_entries
 
 
 @dataclass
@@ -62,6 +65,7 @@ class Frozen:
     final: torch.Tensor | None = None  # (1, T, d): the final norm's output
     logits: torch.Tensor = field(default_factory=lambda: torch.empty(0))  # (vocab,) at the last position
     runs: int = 0  # backward runs of the autograd engine
+    batched: set[int] = field(default_factory=set)  # layers whose attention's backward is one product for all rows
 
     @property
     def n_layers(self) -> int:
@@ -135,6 +139,7 @@ def register(
         rms = [name for name, kind in layout.norms if kind == "rms"]
         register_rules(group, Sites(layout.embed, {}, [], [], rms, [n for n, k in layout.norms if k == "layer"]))
     _freeze_attention(group, layout)
+    frozen.batched = batched_attention(group, model, layout)
     index, mlps, branches = {}, {}, {}
     for layer in layout.layers:
         if layer.index not in dictionaries:
@@ -331,52 +336,56 @@ def logit_rows(frozen: Frozen, vectors: torch.Tensor, keep: int) -> Rows:
 
 
 def _rows(frozen: Frozen, outputs: list[torch.Tensor], cotangents: list[torch.Tensor], below: int, keep: int) -> Rows:
-    """One batched backward from ``outputs``; the products ``a_s * gradient`` at every source below layer ``below``."""
-    assert frozen.tokens is not None
-    errors = [layer for layer in range(below) if layer in frozen.errors]
-    inputs = [frozen.tokens] + [frozen.leaves[layer] for layer in range(below)] + [frozen.errors[i] for i in errors]
-    grads = list(torch.func.vmap(_vjp(outputs, inputs))(cotangents))  # one run of the engine, the cotangents batched
-    frozen.runs += 1
+    """One batched backward from ``outputs``; the products ``a_s * gradient`` at every source below layer ``below``.
+
+    Each source's products are cut to every row's ``keep`` largest as its gradient arrives, inside the backward pass
+    (a hook on the source, which hands autograd back a zero of no memory): no batch ever holds its rows' gradients of
+    every source at once.
+    """
     rows = len(cotangents[0])
-    del cotangents[:]  # let them go before the products
-    columns, values, sums = kept_entries(_products(frozen, grads, rows, below, errors), keep)
+    cut = torch.func.vmap(_cut_vjp(outputs, _sources(frozen, below), keep))(cotangents)  # one run of the engine
+    frozen.runs += 1
+    del cotangents[:]  # let them go before the merge
+    blocks = [cut[name] for name in sorted(cut)]
+    if not blocks:  # no source is reached: one zero entry per row
+        assert frozen.tokens is not None
+        blocks = [(torch.zeros(rows, 1, dtype=torch.long), frozen.tokens.new_zeros(rows, 1), torch.zeros(rows))]
+    columns, values, sums = merged_entries(blocks, keep)
     return Rows(columns, values, sums)
 
 
-def _products(
-    frozen: Frozen, grads: list[torch.Tensor | None], rows: int, below: int, errors: list[int]
-) -> Iterator[tuple[int, torch.Tensor]]:
-    """``(first column, (rows, columns) products a_s * gradient)`` per block of sources, each gradient let go once used.
-
-    All-zero blocks (sources the outputs do not reach) are left out, but for the tokens'.
-    """
+def _sources(frozen: Frozen, below: int) -> list[tuple[torch.Tensor, Any]]:
+    """Each source tensor below layer ``below`` with ``gradient -> (rows's block of products, first column, width)``."""
     assert frozen.tokens is not None
-    token_grad = grads[0] if grads[0] is not None else frozen.tokens.new_zeros(rows, *frozen.tokens.shape)
-    grads[0] = None
-    yield 0, (token_grad * frozen.tokens).sum(-1).flatten(1)  # always: every row has a block
-    error_at = {layer: 1 + below + i for i, layer in enumerate(errors)}
+    tokens = frozen.tokens
+    found: list[tuple[torch.Tensor, Any]] = [(tokens, lambda g: ((g * tokens).sum(-1)[0, :, None], 0, 1))]
     for layer in range(below):
-        grad, leaf = grads[1 + layer], frozen.leaves[layer]
-        grads[1 + layer] = None
-        error_grad = grads[error_at[layer]] if layer in error_at else None
-        if grad is None and error_grad is None:
-            continue
-        if grad is None:
-            grad = torch.zeros_like(leaf).expand(rows, *leaf.shape)
-        block = (grad * leaf)[:, 0]  # (rows, T, units)
-        del grad
-        if layer in error_at:
-            held = frozen.errors[layer]
-            error = torch.zeros_like(block[..., 0]) if error_grad is None else (error_grad * held).sum(-1)[:, 0]
-            block = torch.cat([block, error[..., None]], -1)
-            grads[error_at[layer]] = None
-        yield frozen.column(layer), block.flatten(1)
+        start, width, leaf = frozen.column(layer), frozen.per_position(layer), frozen.leaves[layer]
+        found.append((leaf, lambda g, leaf=leaf, start=start, width=width: ((g * leaf)[0], start, width)))
+        if layer in frozen.errors:
+            held, units = frozen.errors[layer], frozen.units(layer)
+            found.append((held, lambda g, held=held, start=start + units, width=width: (
+                (g * held).sum(-1)[0, :, None], start, width)))  # fmt: skip
+    return found
 
 
-def _vjp(outputs: list[torch.Tensor], inputs: list[torch.Tensor]) -> Any:
-    """``cotangents -> d outputs / d inputs`` transposed (``None`` for an input the outputs do not reach)."""
+def _cut_vjp(outputs: list[torch.Tensor], sources: list[tuple[torch.Tensor, Any]], keep: int) -> Any:
+    """``cotangents -> {source number: (columns, values, abs sum)}`` of each reached source's kept products."""
 
-    def vjp(cotangents: list[torch.Tensor]) -> tuple[torch.Tensor | None, ...]:
-        return torch.autograd.grad(outputs, inputs, cotangents, retain_graph=True, allow_unused=True)
+    def vjp(cotangents: list[torch.Tensor]) -> dict[int, tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
+        cut: dict[int, tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = {}
+
+        def hook(number: int, products: Any, grad: torch.Tensor) -> torch.Tensor:
+            block, start, width = products(grad)
+            cut[number] = top_entries(block, start, width, keep)
+            return grad.new_zeros(()).expand_as(grad)  # the gradient itself is not needed again
+
+        handles = [t.register_hook(partial(hook, i, fn)) for i, (t, fn) in enumerate(sources)]
+        try:
+            torch.autograd.grad(outputs, [t for t, _ in sources], cotangents, retain_graph=True, allow_unused=True)
+        finally:
+            for handle in handles:
+                handle.remove()
+        return cut
 
     return vjp

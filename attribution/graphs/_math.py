@@ -337,3 +337,88 @@ def predicted_change(
         own = (factor - 1) * activation + factor * reached
         total = torch.where(here, own, total)
     return total
+
+
+def value_gradients(probs: torch.Tensor, grads: torch.Tensor, heads: int, kv_heads: int) -> torch.Tensor:
+    """Gradients of frozen attention's values from its mixed output's, for many rows in one batched product.
+
+    With the probabilities ``P`` held, a head's output is ``P @ V`` (``V`` its key/value head's values, shared by
+    ``heads // kv_heads`` query heads), so ``dV = sum over the group of P^T @ dout``. The rows are folded into the
+    product's columns: ``P`` is read once for all of them, never copied per row.
+
+    Args:
+        probs: ``(1, heads, T, T)`` attention probabilities of one prompt.
+        grads: ``(rows, T, heads * head_dim)`` gradients of the mixed values (the output projection's input).
+        heads: query heads.
+        kv_heads: key/value heads (``heads`` without grouped-query attention).
+
+    Returns:
+        ``(rows, T, kv_heads * head_dim)`` gradients of the values (the value projection's output).
+
+    Example:
+        >>> probs = torch.tensor([[[[1.0, 0.0], [0.25, 0.75]]]])   # one head, two positions
+        >>> value_gradients(probs, torch.tensor([[[1.0], [2.0]]]), 1, 1)   # P^T @ [1, 2]
+        tensor([[[1.5000],
+                 [1.5000]]])
+    """
+    rows, positions, width = grads.shape
+    dim = width // heads
+    folded = grads.reshape(rows, positions, heads, dim).permute(2, 1, 0, 3).reshape(heads, positions, rows * dim)
+    mixed = probs[0].transpose(-1, -2).to(grads.dtype) @ folded  # (heads, T, rows * dim)
+    summed = mixed.reshape(kv_heads, heads // kv_heads, positions, rows * dim).sum(1)
+    return summed.reshape(kv_heads, positions, rows, dim).permute(2, 1, 0, 3).reshape(rows, positions, kv_heads * dim)
+
+
+def top_entries(
+    block: torch.Tensor, start: int, width: int, keep: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """One row's ``keep`` largest entries by magnitude of a block of sources, and the block's ``sum |entry|``.
+
+    Args:
+        block: ``(T, n)`` products of one row, position by position.
+        start: the source column of ``block[0, 0]``.
+        width: source columns per position (``n``, or more where columns after the block's follow at each position).
+        keep: entries kept.
+
+    Returns:
+        ``(columns (k,), values (k,), abs_sum () float64)``, unordered, with ``k = min(keep, T * n)``.
+
+    Example:
+        >>> top_entries(torch.tensor([[0.5, -2.0], [1.0, 0.0]]), 10, 3, 2)
+        (tensor([11, 13]), tensor([-2.,  1.]), tensor(3.5000, dtype=torch.float64))
+    """
+    n = block.shape[-1]
+    flat = block.flatten()
+    index = torch.topk(flat.abs(), min(keep, flat.numel()), sorted=False).indices
+    index = index.sort().values
+    columns = start + torch.div(index, n, rounding_mode="floor") * width + index % n
+    return columns, flat.gather(0, index), flat.abs().sum().double()
+
+
+def merged_entries(
+    blocks: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]], keep: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Each row's ``keep`` largest entries of all blocks' kept ones (:func:`top_entries` of each), largest first.
+
+    Args:
+        blocks: ``(columns (rows, k), values (rows, k), abs_sums (rows,))`` per block of sources.
+        keep: entries kept per row.
+
+    Returns:
+        ``(columns (rows, k), values (rows, k), abs_sums (rows,) float64)`` as :func:`kept_entries` gives them.
+
+    Example:
+        >>> a = (torch.tensor([[1, 0]]), torch.tensor([[-2.0, 0.5]]), torch.tensor([2.5], dtype=torch.float64))
+        >>> b = (torch.tensor([[5]]), torch.tensor([[1.0]]), torch.ones(1))
+        >>> columns, values, sums = merged_entries([a, b], 2)
+        >>> columns.tolist(), values.tolist(), sums.tolist()
+        ([[1, 5]], [[-2.0, 1.0]], [3.5])
+    """
+    columns = torch.cat([b[0] for b in blocks], 1)
+    values = torch.cat([b[1] for b in blocks], 1)
+    sums = torch.stack([b[2].double() for b in blocks]).sum(0)
+    if values.shape[1] > keep:
+        top = torch.topk(values.abs(), keep, dim=1, sorted=False).indices
+        columns, values = columns.gather(1, top), values.gather(1, top)
+    order = torch.sort(values.abs(), dim=1, descending=True, stable=True).indices
+    return columns.gather(1, order), values.gather(1, order), sums

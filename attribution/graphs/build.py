@@ -67,7 +67,7 @@ def attribution_graph(
         max_nodes: the neuron and feature nodes kept, the most influential first (``None``: every active one).
         batch_size: rows per backward pass.
         edges_per_row: the largest entries kept of each row (the rest are dropped as the row is computed).
-        progress: show a progress bar for long calls.
+        progress: show a progress bar on a terminal for long calls.
 
     Returns:
         The graph (nodes ordered: neurons and features by layer, errors, tokens, logits).
@@ -396,16 +396,18 @@ def memory_estimate(
     """``(per batch, kept rows, held by the forward)`` in bytes: what a graph needs at most, a little over.
 
     ``units``: the neurons or features of each layer; ``errors``: the layers with a dictionary (an error each). A
-    batch holds every source's gradient for its rows, one layer's block of products three times, the cotangents,
-    the attention probabilities expanded to the rows, and the residual stream's gradients; the forward holds its
-    activations and every layer's attention probabilities, and the process about :data:`OVERHEAD` more.
+    batch holds one source's block of products three times (the sources' gradients are cut to their kept entries
+    as they arrive, never all held), the cotangents, a margin of one layer's attention probabilities per row, and
+    the residual stream's gradients; the forward holds its activations and every layer's attention probabilities,
+    and the process about :data:`OVERHEAD` more. An upper bound: on SmolLM2-135M at 1,024 tokens it gives 13.7 GiB
+    for 1,000 kept rows, where a batch of 32 rows was measured at 7.0 GiB.
     """
     size = torch.finfo(dtype).bits // 8
     layers, total, hidden, heads = len(units), sum(units), layout.hidden, layout.n_heads
     columns = positions * (1 + total + errors)
     widest = positions * (max(units) + 1)
     cotangents = layers * positions * max(hidden, max(units))
-    batch = batch_size * (columns + 3 * widest + cotangents + heads * positions**2 + 8 * positions * hidden) * size
+    batch = batch_size * (3 * widest + cotangents + heads * positions**2 + 8 * positions * hidden) * size
     kept = (rows + 10) * min(keep, columns) * (16 + size) * 3 + columns * 8 * 4
     held = positions * (12 * hidden * (layers + errors) + 6 * total) * size + layers * heads * positions**2 * size
     return batch, kept, held + OVERHEAD

@@ -1,9 +1,11 @@
-"""How faithful is a saliency map? Perturbation metrics, the pointing game and the randomisation sanity check.
+"""How faithful is an attribution? Perturbation metrics, the pointing game, randomisation, infidelity, sensitivity.
 
 Each metric takes the model, the inputs (images ``(B, C, H, W)``, or model inputs that hold them, as the CAMs take
 them), the maps ``(B, H, W)`` of any method and the target in the forms the CAMs take, and returns a small result
 with one value per image. Perturbed inputs run in batches in
-eval mode without autograd, and the model is left exactly as it was found.
+eval mode without autograd, and the model is left exactly as it was found. :func:`infidelity` and
+:func:`sensitivity_max` (captum's definitions) take attributions shaped like the inputs, of any inputs, and return
+``(B,)``.
 
 Example:
     >>> import torch
@@ -15,9 +17,11 @@ Example:
 """
 
 from .deletion import CurveResult, deletion, deletion_insertion, insertion
+from .infidelity import infidelity
 from .pointing import PointingResult, pointing_game
 from .randomization import RandomizationResult, randomization_test
 from .road import RoadResult, road
+from .sensitivity import sensitivity_max
 
 __all__ = [
     "CurveResult",
@@ -26,8 +30,10 @@ __all__ = [
     "RoadResult",
     "deletion",
     "deletion_insertion",
+    "infidelity",
     "insertion",
     "pointing_game",
     "randomization_test",
     "road",
+    "sensitivity_max",
 ]

@@ -67,7 +67,7 @@ def deletion(
             ``steps`` perturbed forwards per image (plus one unperturbed).
         score: for class targets, the class's softmax ``"probability"`` (RISE) or its ``"logit"``.
         batch_size: perturbed images per forward.
-        progress: show a progress bar (it appears once the call has run for a second).
+        progress: show a progress bar on a terminal (it appears once the call has run for a second).
 
     Returns:
         :class:`CurveResult` with ``kind="deletion"``.
@@ -139,7 +139,7 @@ def deletion_insertion(
         steps: number of equal steps of each curve (see :func:`deletion`).
         score: for class targets, the class's softmax ``"probability"`` or its ``"logit"``.
         batch_size: perturbed images per forward.
-        progress: show a progress bar (it appears once the call has run for a second).
+        progress: show a progress bar on a terminal (it appears once the call has run for a second).
 
     Returns:
         The deletion and the insertion :class:`CurveResult`.

@@ -86,7 +86,7 @@ def randomization_test(
             Default: every child module that holds parameters, with ``Sequential``/``ModuleList``/``ModuleDict``
             containers opened up (ResNet-50: ``fc``, ``layer4.2`` ... ``layer1.0``, ``bn1``, ``conv1``).
         seed: seed of the re-initialisation.
-        progress: show a progress bar over the stages.
+        progress: show a progress bar on a terminal over the stages.
 
     Returns:
         :class:`RandomizationResult`.

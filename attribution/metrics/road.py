@@ -72,7 +72,7 @@ def road(
             after it, and the global random state is not touched.
         score: for class targets, the class's softmax ``"probability"`` or its ``"logit"``.
         batch_size: perturbed images per imputation and forward.
-        progress: show a progress bar (it appears once the call has run for a second).
+        progress: show a progress bar on a terminal (it appears once the call has run for a second).
 
     Returns:
         :class:`RoadResult`.

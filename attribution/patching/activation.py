@@ -84,7 +84,7 @@ def activation_patching(
             carry hooks of their own; not at all for a model that draws random numbers or with global module
             hooks; and a check run must reproduce the model's output, else a warning says so and every call runs.
             ``False`` runs every call.
-        progress: show a tqdm progress bar (it appears once the call has run for a second).
+        progress: show a tqdm progress bar on a terminal (it appears once the call has run for a second).
 
     Returns:
         A float32 CPU :class:`~attribution.patching.PatchingResult` (a tensor that carries its axes' labels):

@@ -119,8 +119,8 @@ def attribution_patching(
         ig_steps: points on the line from the target's activation to the source's at which the gradient is taken
             and averaged; 1 is plain attribution patching.
         rules: ``"gradient"`` (attribution patching) or ``"relp"`` (relevance patching: ``g`` from LRP's rules).
-        progress: show a tqdm progress bar over the extra runs of ``ig_steps > 1`` (and of layers called several
-            times per forward).
+        progress: show a tqdm progress bar on a terminal over the extra runs of ``ig_steps > 1`` (and of layers
+            called several times per forward).
         layout: with ``rules="relp"``, the model's :func:`attribution.models.lm_layout` where its modules are not
             found by name (the same keywords in every family).
 

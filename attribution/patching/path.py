@@ -105,7 +105,7 @@ def path_patching(
             result, ``(sender, position_index, head)`` for ``(senders, positions, heads)``...); the other cells are
             NaN. For confirming a few cells that a screen such as attribution patching ranked first.
         normalize: return ``(patched - m_base) / (m_source - m_base)``: 0 is the ``base`` run, 1 the ``source`` run.
-        progress: show a tqdm progress bar (it appears once the call has run for a second).
+        progress: show a tqdm progress bar on a terminal (it appears once the call has run for a second).
 
     Returns:
         A float32 CPU :class:`~attribution.patching.PatchingResult` (first axis ``sender``) shaped like

@@ -6,29 +6,11 @@ Whether a model takes a cache, and under which keyword, is read by :func:`attrib
 from __future__ import annotations
 
 import copy
-import itertools
+import math
+from collections.abc import Callable
 from typing import Any
 
 import torch
-
-
-def returned_cache(output: Any, keyword: str) -> Any:
-    """The keys/values a forward returned (under ``keyword``, or the other spelling)."""
-    for name in (keyword, "past_key_values", "cache"):
-        value = output.get(name) if isinstance(output, dict) else getattr(output, name, None)
-        if value is not None:
-            return value
-    return None
-
-
-def usable_cache(cache: Any, length: int) -> bool:
-    """Whether a returned cache can be cropped and repeated over a batch (a full-attention ``DynamicCache``)."""
-    needed = ("crop", "batch_repeat_interleave", "get_seq_length")
-    if cache is None or not all(hasattr(cache, name) for name in needed):
-        return False
-    if getattr(cache, "is_sliding", None) and any(cache.is_sliding):  # sliding layers drop keys: not croppable
-        return False
-    return bool(getattr(cache, "is_croppable", True)) and int(cache.get_seq_length()) == length
 
 
 def prefix_cache(cache: Any, length: int, repeats: int) -> Any:
@@ -42,39 +24,37 @@ def prefix_cache(cache: Any, length: int, repeats: int) -> Any:
     return copied
 
 
-def prefix_groups(starts: list[int], length: int, most: int) -> list[tuple[int, int]]:
-    """Cut perturbations sorted by first change into ``ceil(count / most)`` runs of ``<= most``, fewest positions.
+def prefix_groups(starts: list[int], length: int, most: Callable[[int], int], call: float) -> list[tuple[int, int]]:
+    """Cut perturbations sorted by first change into runs that cost the least: ``call`` per run plus its positions.
 
-    ``ceil(count / most)`` is the number of model calls without reuse. A run from ``first`` runs its rows on positions
-    ``starts[first] .. length - 1``. More, smaller runs could run fewer positions still, but each model call has a
-    cost of its own (the forward's operations, each a parallel region of the CPU threads) that grows without bound on
-    a loaded machine: holding the number of calls keeps reuse from ever being slower than the plain re-run. Run ``r``
-    ends between ``count - (R - r) most`` and ``r most`` (``R`` runs), so dynamic programming over those boundaries
-    is ``O(R s^2)`` for a slack ``s = R most - count``.
+    A run ``first .. stop - 1`` runs its rows on positions ``starts[first] .. length - 1`` and costs
+    ``call + (stop - first) * (length - starts[first])`` (``call``: a model call's own cost, counted in positions,
+    such as reading every weight once). ``most(width)`` is the most perturbations one run of ``width`` positions may
+    hold (runs that start later are shorter, so they may hold more rows). Dynamic programming over the run ends is
+    exact and ``O(count * most)``.
 
     Example:
-        >>> prefix_groups([0, 0, 6, 7, 7, 7], 8, 4)
+        >>> prefix_groups([0, 0, 6, 7, 7, 7], 8, lambda width: 4, 0.0)   # calls free: one run per start
+        [(0, 2), (2, 3), (3, 6)]
+        >>> prefix_groups([0, 0, 6, 7, 7, 7], 8, lambda width: 4, 100.0)   # the fewest calls, then positions
         [(0, 2), (2, 6)]
+        >>> prefix_groups([0, 0, 6, 7, 7, 7], 8, lambda width: 1 if width > 2 else 8, 100.0)
+        [(0, 1), (1, 2), (2, 6)]
     """
     count = len(starts)
-    if count == 0:
-        return []
-    runs = -(-count // most)
-    best: list[dict[int, tuple[int, int]]] = [{0: (0, 0)}]  # per run: boundary -> (positions so far, previous)
-    for r in range(1, runs + 1):
-        layer: dict[int, tuple[int, int]] = {}
-        for stop in range(max(count - (runs - r) * most, r), min(r * most, count) + 1):
-            for first, (cost, _) in best[-1].items():
-                if 0 < stop - first <= most:
-                    total = cost + (stop - first) * (length - starts[first])
-                    if stop not in layer or total < layer[stop][0]:
-                        layer[stop] = (total, first)
-        best.append(layer)
-    bounds = [count]
-    for layer in reversed(best[1:]):
-        bounds.append(layer[bounds[-1]][1])
-    bounds.reverse()
-    return list(itertools.pairwise(bounds))
+    best: list[tuple[float, int]] = [(0.0, 0)] + [(math.inf, 0)] * count  # per run end: (cost so far, run start)
+    for first in range(count):
+        width = length - starts[first]
+        for stop in range(first + 1, min(count, first + max(1, most(width))) + 1):
+            cost = best[first][0] + call + (stop - first) * width
+            if cost < best[stop][0]:
+                best[stop] = (cost, first)
+    runs: list[tuple[int, int]] = []
+    stop = count
+    while stop > 0:
+        runs.insert(0, (best[stop][1], stop))
+        stop = best[stop][1]
+    return runs
 
 
 def first_changes(perturbed: torch.Tensor, x: torch.Tensor) -> torch.Tensor:

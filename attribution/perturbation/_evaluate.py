@@ -9,11 +9,12 @@ after item in the batch (row ``b * k + j`` is item ``b`` under perturbation ``j`
 
 For a causal language model that takes ``past_key_values`` (``cache`` in transformers 5.2x) and an integer or
 ``None`` target (``reuse=True``), the unperturbed run keeps its keys/values; perturbations are sorted by the first
-position they change and cut into as many runs as the plain re-run makes calls, at most ``per_forward`` each,
-where they run the fewest positions (:func:`~._cache.prefix_groups`); a run whose earliest change is at ``i`` runs
-only positions ``i..T-1`` on a copy of the cached positions ``< i``: exact, the same scores as a full re-run to
-float rounding, and never more model calls than it. Only the last position's logits are computed
-(``logits_to_keep=1``) where the model can. A callable target gets the whole output of full runs.
+position they change and grouped where the groups cost the least (:func:`~._cache.prefix_groups`): a group whose
+earliest change is at ``i`` runs only positions ``i..T-1`` on a copy of the cached positions ``< i`` (exact, the
+same scores as a full re-run to float rounding), and costs :data:`CALL_COST` positions for the call itself plus the
+positions it runs. Left to the budget, a group holds as many rows as fit it at its width (a group that starts later
+runs fewer positions, so it holds more). Only the last position's logits are computed (``logits_to_keep=1``) where
+the model can. A callable target gets the whole output of full runs.
 """
 
 from __future__ import annotations
@@ -28,17 +29,12 @@ from torch import nn
 
 from hooks import hooked_modules, tensors
 
+from .._kv import returned_cache, usable_cache
 from .._progress import progress
 from .._run import HookedRun, warn
 from ..models import cache_keyword, takes_logits_to_keep
 from ..targets import Target, check_target, class_indices, class_logits, target_scores
-from ._cache import (
-    first_changes,
-    prefix_cache,
-    prefix_groups,
-    returned_cache,
-    usable_cache,
-)
+from ._cache import first_changes, prefix_cache, prefix_groups
 from ._continuation import Continuation, continuation_scores
 from ._layer import LayerSite, close_scores
 from ._masks import Baseline, baseline_batch
@@ -49,6 +45,11 @@ CPU_BUDGET = 2**26
 """The same on the CPU: batches whose activations stay near the caches run faster there (resnet50 Occlusion and
 SmolLM2 token ablation were fastest at 4 to 7 perturbations per call, about this budget; 256 MiB gave 22 to 27)."""
 MAX_PER_FORWARD = 256
+CALL_COST = {"cpu": 48}
+"""A model call's own cost, counted in token positions of one row, per device type (others: 4096). On one CPU
+thread SmolLM2-135M ran one position in 90 to 300 ms (quiet to loaded machine) and each position more, in large
+batches, in 3.5 to 5 ms: every call reads every weight once, 25 to 60 positions' worth. An accelerator runs a
+batch's positions side by side, so calls cost most there."""
 """The most perturbations in one forward when ``perturbations_per_forward`` is left to the budget."""
 
 Weights = Callable[[int, int], torch.Tensor]  # (first, stop) -> (stop - first, *item) weights
@@ -69,7 +70,7 @@ class Evaluator:
         per_forward: perturbations per forward, or ``None`` for as many as fit :data:`MEMORY_BUDGET` (on the CPU
             :data:`CPU_BUDGET`).
         reuse: reuse a causal language model's unperturbed keys/values (see the module documentation).
-        show_progress: a progress bar on long calls.
+        show_progress: a progress bar on a terminal on long calls.
         layer: the qualified name of a module whose output is perturbed instead of the inputs (see ``_layer.py``).
 
     ``units`` is what the perturbations act on, ``(batch, *item)``: the inputs, or with ``layer`` the layer's
@@ -100,6 +101,7 @@ class Evaluator:
             check_target(target, self.batch)
         self.target: Target | Continuation = target
         self.per_forward = per_forward
+        self.sized = per_forward is None  # sized by the budget: token groups hold rows by their width
         self.units = inputs
         self._baseline = baseline
         self.baseline = baseline_batch(baseline, inputs, model) if layer is None else inputs  # set on entry
@@ -234,22 +236,32 @@ class Evaluator:
         return rows.flatten(0, 1)
 
     def _token_scores(self, w: torch.Tensor) -> torch.Tensor:
-        """Token-id perturbations, sorted by their first change and run on the cached prefix where possible."""
+        """Token-id perturbations, grouped by their first change and run on the cached prefix where possible."""
         assert self.per_forward is not None
         count, prompt = len(w), self.x.shape[-1]
         perturbed = torch.where(w.bool().to(self.x.device)[None], self.x[:, None], self.baseline[:, None])
-        starts = first_changes(perturbed, self.x) if self.reuse else torch.zeros(count, dtype=torch.long)
-        order = torch.sort(starts.cpu(), stable=True).indices
-        result = self.full.new_empty(len(self.full), count)
-        runs = prefix_groups(starts.cpu()[order].tolist(), self.length, self.per_forward) if self.reuse else None
-        if runs is None:
+        if not self.reuse:
+            starts = torch.zeros(count, dtype=torch.long)
             runs = [(i, min(count, i + self.per_forward)) for i in range(0, count, self.per_forward)]
+        else:  # the last prompt position predicts the first token: a run has one position at least
+            starts = first_changes(perturbed, self.x).clamp(max=prompt - 1).cpu()
+        order = torch.sort(starts, stable=True).indices
+        if self.reuse:
+            call = CALL_COST.get(self.x.device.type, 4096) / self.batch  # per row of one perturbation
+            runs = prefix_groups(starts[order].tolist(), self.length, self._most, call)
+        result = self.full.new_empty(len(self.full), count)
         for first, stop in progress(runs, desc=self.method, enabled=self.show_progress):
-            chunk = order[first:stop].to(self.x.device)
-            start = min(int(starts[chunk[0]]), prompt - 1)  # the last prompt position predicts the first token
-            rows = perturbed[:, chunk].flatten(0, 1)
-            result[:, chunk.to(result.device)] = self._score_rows(rows, len(chunk), start=start)
+            chunk = order[first:stop]
+            rows = perturbed[:, chunk.to(self.x.device)].flatten(0, 1)
+            result[:, chunk.to(result.device)] = self._score_rows(rows, len(chunk), start=int(starts[chunk[0]]))
         return result
+
+    def _most(self, width: int) -> int:
+        """The most perturbations in a call that runs ``width`` positions: the budget's rows at full length."""
+        assert self.per_forward is not None
+        if not self.sized:
+            return self.per_forward
+        return max(self.per_forward, min(MAX_PER_FORWARD, self.per_forward * self.length // width))
 
     def _score_rows(self, rows: torch.Tensor, k: int, *, start: int = 0) -> torch.Tensor:
         """Scores ``(batch, k)`` of ``batch * k`` rows; with ``start``, positions ``start..`` run on the cache.

@@ -29,7 +29,7 @@ class FeatureAblation(PerturbationMethod):
             ``docs/methods/perturbation.rst``).
         perturbations_per_forward: perturbations per model call; ``None``: as many as fit the memory budget.
         reuse: reuse a causal language model's unperturbed keys/values.
-        show_progress: a progress bar for calls that take more than a second.
+        show_progress: a progress bar on a terminal for calls that take more than a second.
         layer: ``None`` (the inputs), or one module (its name, or the module) whose output is perturbed instead:
             the feature mask and the baseline then apply to one item of its output ``(batch, *item)``, the
             attributions are shaped like that output, and the model runs up to the layer once (later forwards

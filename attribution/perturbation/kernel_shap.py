@@ -60,7 +60,7 @@ class KernelSHAP(PerturbationMethod):
         seed: the seed of the sampled coalitions.
         perturbations_per_forward: perturbations per model call; ``None``: as many as fit the memory budget.
         reuse: reuse a causal language model's unperturbed keys/values.
-        show_progress: a progress bar for calls that take more than a second.
+        show_progress: a progress bar on a terminal for calls that take more than a second.
 
     Example:
         >>> import torch

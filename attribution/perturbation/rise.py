@@ -29,7 +29,7 @@ class RISE(PerturbationMethod):
         p: the probability that a cell is kept.
         seed: the seed of the grids and shifts.
         perturbations_per_forward: masks per model call; ``None``: as many as fit the memory budget.
-        show_progress: a progress bar for calls that take more than a second.
+        show_progress: a progress bar on a terminal for calls that take more than a second.
 
     Example:
         >>> import torch

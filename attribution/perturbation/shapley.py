@@ -82,7 +82,7 @@ class ShapleyValues(PerturbationMethod):
         baseline: ``None`` (0, or for token ids the pad token), a number, a tensor or a callable.
         perturbations_per_forward: perturbations per model call; ``None``: as many as fit the memory budget.
         reuse: reuse a causal language model's unperturbed keys/values.
-        show_progress: a progress bar for calls that take more than a second.
+        show_progress: a progress bar on a terminal for calls that take more than a second.
 
     Example:
         >>> import torch
@@ -149,7 +149,7 @@ class ShapleyValueSampling(PerturbationMethod):
         seed: the seed of the permutations.
         perturbations_per_forward: perturbations per model call; ``None``: as many as fit the memory budget.
         reuse: reuse a causal language model's unperturbed keys/values.
-        show_progress: a progress bar for calls that take more than a second.
+        show_progress: a progress bar on a terminal for calls that take more than a second.
         layer: ``None`` (the inputs), or one module (its name, or the module) whose output is perturbed instead:
             the feature mask and the baseline then apply to one item of its output ``(batch, *item)``, the
             attributions are shaped like that output, and the model runs up to the layer once (later forwards

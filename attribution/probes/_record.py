@@ -17,14 +17,20 @@ def batches(data: Any, batch_size: int) -> Iterator[Any]:
     """A tensor or a mapping of tensors cut into batches along axis 0; anything else iterated as batches."""
     if isinstance(data, torch.Tensor):
         yield from data.split(batch_size)
-    elif isinstance(data, Mapping):
-        n = len(next(iter(data.values())))
-        for start in range(0, n, batch_size):
-            yield {k: v[start : start + batch_size] for k, v in data.items()}
+    elif isinstance(data, Mapping):  # HF keyword inputs: tensors cut, other values (use_cache=False) passed on
+        tensors = [v for v in data.values() if isinstance(v, torch.Tensor) and v.dim() > 0]
+        if not tensors:
+            raise TypeError(f"`data` is a mapping without a tensor to cut into batches: keys {list(data)}")
+        for start in range(0, len(tensors[0]), batch_size):
+            yield {k: _cut(v, start, batch_size) for k, v in data.items()}
     elif isinstance(data, Iterable):
         yield from data
     else:
         raise TypeError(f"`data` must be a tensor, a mapping of tensors or an iterable of batches; got {type(data)}")
+
+
+def _cut(value: Any, start: int, size: int) -> Any:
+    return value[start : start + size] if isinstance(value, torch.Tensor) and value.dim() > 0 else value
 
 
 def rows(x: torch.Tensor, position: int | None) -> torch.Tensor:
@@ -66,12 +72,14 @@ def record_rows(
 
     with HookedRun(eager_module(model), "probe") as run:
         hook_site(run.group, names, site, element, keep)
+        seen = 0
         for batch in batches(data, batch_size):
-            before = sum(len(r) for r in kept[names[0]])
+            chunks = len(kept[names[0]])
             run.forward(batch)
-            count = sum(len(r) for r in kept[names[0]]) - before
+            count = sum(len(r) for r in kept[names[0]][chunks:])
             found = token_keys(batch, position, count)
-            keys.append(found if found is not None else -1 - torch.arange(before, before + count))
+            keys.append(found if found is not None else -1 - torch.arange(seen, seen + count))
+            seen += count
     if not keys or not kept[names[0]]:
         raise ValueError(f"`data` gave no activations at {names}: give at least one batch")
     return {name: torch.cat(r) for name, r in kept.items()}, torch.cat(keys)

@@ -8,7 +8,7 @@ from typing import Any, Literal
 import torch
 from torch import nn
 
-from hooks import resolve
+from hooks import HookGroup, resolve
 
 from .._inputs import batch_size as items_in
 from .._run import HookedRun, eager_module, hook_site
@@ -28,6 +28,7 @@ def causal_check(
     *,
     scale: float | None = None,
     batch_size: int = 64,
+    clean: float | None = None,
 ) -> float:
     """The change of ``metric`` when the probe's direction is intervened on at ``site``: intervened minus clean.
 
@@ -47,6 +48,8 @@ def causal_check(
         how: ``"ablate"`` or ``"steer"``.
         scale: the steering step along the unit direction.
         batch_size: items per forward when ``data`` is a tensor or mapping.
+        clean: ``mean metric(clean)`` on ``data`` if already measured (a sweep over sites needs it once); by default
+            it is measured here.
 
     Returns:
         ``mean metric(intervened) - mean metric(clean)``.
@@ -73,27 +76,31 @@ def causal_check(
             "result.direction[site] with attribution.steer"
         )
     step = (result.gap[site] if scale is None else scale) if how == "steer" else 0.0
+    basis = torch.linalg.qr(direction.reshape(-1, direction.shape[-1]).T).Q  # (d, rank): the directions' span
     [(name, _)] = resolve(eager_module(model), site, what="`site`")
 
-    def change(x: torch.Tensor, position: int | None) -> torch.Tensor:
-        u = direction.to(device=x.device, dtype=x.dtype)
+    def change(x: torch.Tensor) -> torch.Tensor:
         if how == "steer":
-            return x + step * u
-        basis = torch.linalg.qr(u.reshape(-1, x.shape[-1]).T).Q  # (d, rank): the span of the directions
-        return x - (x @ basis) @ basis.T
+            return x + step * direction.to(device=x.device, dtype=x.dtype)
+        b = basis.to(device=x.device, dtype=x.dtype)
+        return x - (x @ b) @ b.T
 
-    clean = _mean_metric(model, data, metric, batch_size, None)
-    intervened = _mean_metric(model, data, metric, batch_size, (name, result, change))
-    return intervened - clean
+    def edit(group: HookGroup) -> None:
+        hook_site(group, name, result.site, result.element, lambda x, _n, _c: _at(x, result.position, change))
+
+    if clean is None:
+        clean = _mean_metric(model, data, metric, batch_size)
+    return _mean_metric(model, data, metric, batch_size, edit) - clean
 
 
-def _mean_metric(model: nn.Module, data: Any, metric: Metric, batch_size: int, intervention: Any) -> float:
-    """The mean of ``metric`` over ``data``'s items, with the intervention ``(name, result, change)`` or without."""
+def _mean_metric(
+    model: nn.Module, data: Any, metric: Metric, batch_size: int, edit: Callable[[HookGroup], None] | None = None
+) -> float:
+    """The mean of ``metric`` over ``data``'s items, with ``edit`` registering the intervention's hook, or without."""
     total, count = 0.0, 0
     with HookedRun(eager_module(model), "causal_check") as run:
-        if intervention is not None:
-            name, result, change = intervention
-            hook_site(run.group, name, result.site, result.element, lambda x, _n, _c: _at(x, result.position, change))
+        if edit is not None:
+            edit(run.group)
         for batch in batches(data, batch_size):
             values = torch.as_tensor(metric(run.forward(batch))).detach().double()
             n = items_in(batch) if values.dim() == 0 else values.numel()
@@ -104,10 +111,10 @@ def _mean_metric(model: nn.Module, data: Any, metric: Metric, batch_size: int, i
     return total / count
 
 
-def _at(x: torch.Tensor, position: int | None, change: Callable[..., torch.Tensor]) -> torch.Tensor:
+def _at(x: torch.Tensor, position: int | None, change: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
     """``change`` applied to the rows the probe read: all of ``(batch, d)``, or position ``position`` of axis 1."""
     if x.dim() == 2 or position is None:
-        return change(x, position)
+        return change(x)
     out = x.clone()
-    out[:, position] = change(x[:, position], position)
+    out[:, position] = change(x[:, position])
     return out

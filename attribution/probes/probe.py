@@ -137,14 +137,15 @@ def _one_site(
     seed: int,
 ) -> dict[str, Any]:
     """Fit the probe (and the control) on the training rows of one site; score both on the held-out rows."""
+
+    def fit(labels: torch.Tensor) -> _fit.Predict:
+        if kind == "linear":
+            return _fit.fit_linear(x[train], labels[train], classes)
+        return _fit.fit_mlp(x[train], labels[train], classes, seed=seed)
+
     linear = _fit.fit_linear(x[train], y[train], classes)
-    fitted = linear if kind == "linear" else _fit.fit_mlp(x[train], y[train], classes, seed=seed)
-    accuracy = _fit.accuracy(fitted, x[test], y[test])
-    control = float("nan")
-    if fake is not None:
-        fit = _fit.fit_linear if kind == "linear" else _fit.fit_mlp
-        options = {} if kind == "linear" else {"seed": seed}
-        control = _fit.accuracy(fit(x[train], fake[train], classes, **options), x[test], fake[test])
+    accuracy = _fit.accuracy(linear if kind == "linear" else fit(y), x[test], y[test])
+    control = float("nan") if fake is None else _fit.accuracy(fit(fake), x[test], fake[test])
     direction = _fit.directions(linear)
     gap = float("nan")
     if classes == 2:

@@ -19,7 +19,7 @@ import torch.distributed as dist
 from torch import nn
 
 from attribution import SAE, Transcoder, train_dictionary
-from attribution.dictionaries import _math
+from attribution.dictionaries import _sparse
 from attribution.dictionaries import train as train_module
 from attribution.dictionaries.modules import Dictionary
 
@@ -81,18 +81,18 @@ def run(name: str, out: Path) -> Dictionary:
 
 def main(out: Path) -> None:
     counts = {"checkpoints": 0, "auxk": 0}
-    checkpoint, auxiliary = train_module._checkpoint, _math.auxiliary_topk
+    checkpoint, auxiliary = train_module._checkpoint, _sparse.dead_topk_pattern  # TopK's and BatchTopK's AuxK
 
     def counted_checkpoint(*args: Any) -> None:
         counts["checkpoints"] += 1
         checkpoint(*args)
 
-    def counted_auxiliary(*args: Any) -> torch.Tensor:
+    def counted_auxiliary(*args: Any) -> _sparse.Pattern:
         counts["auxk"] += 1
         return auxiliary(*args)
 
     train_module._checkpoint = counted_checkpoint  # type: ignore[assignment]
-    _math.auxiliary_topk = counted_auxiliary  # type: ignore[assignment]
+    _sparse.dead_topk_pattern = counted_auxiliary  # type: ignore[assignment]
     for name in RUNS:
         counts.update(checkpoints=0, auxk=0)
         dictionary = run(name, out)  # the first call starts the process group under torchrun

@@ -120,7 +120,7 @@ def hand_jumprelu(tc, log_threshold, x, y, c, eps):
 def test_relu_loss_and_gradients_equal_the_hand_formula_in_float64():
     sae, x = relu_sae()
     p = plan(sae, l1_coefficient=0.7, sparsity_warmup=4)
-    loss, *_ = train_module._loss(sae, state(sae), x, x, p, 1, B)  # step 1 of a 4-step warm-up: 0.7 * 2 / 4
+    loss = train_module._loss(sae, state(sae), x, x, p, 1, B).loss  # step 1 of a 4-step warm-up: 0.7 * 2 / 4
     loss.backward()
     expected, grads = hand_relu(sae, x, 0.7 * 2 / 4)
     torch.testing.assert_close(loss.item(), expected, rtol=1e-12, atol=0)
@@ -133,7 +133,7 @@ def test_relu_loss_and_gradients_equal_the_hand_formula_in_float64():
 def test_jumprelu_loss_and_pseudo_gradients_equal_the_paper_in_float64():
     tc, log_threshold, x, y = jumprelu_transcoder()
     p = plan(tc, l0_coefficient=0.2, bandwidth=0.5, sparsity_warmup=0)
-    loss, *_ = train_module._loss(tc, state(tc, log_threshold), x, y, p, 0, B)
+    loss = train_module._loss(tc, state(tc, log_threshold), x, y, p, 0, B).loss
     loss.backward()
     expected, grads = hand_jumprelu(tc, log_threshold, x, y, 0.2, 0.5)
     torch.testing.assert_close(loss.item(), expected, rtol=1e-12, atol=0)

@@ -9,7 +9,7 @@ import torch
 
 import attribution.graphs.build as build
 from attribution.graphs import attribution_graph
-from attribution.graphs._math import kept_entries
+from attribution.graphs._math import kept_entries, merged_entries, top_entries
 from tests.attribution.graphs.conftest import IDS
 from tests.support import hook_state
 
@@ -128,6 +128,30 @@ def test_kept_entries_of_blocks_are_the_dense_rows_largest():
         assert got.tolist() == expected.tolist(), row  # the same columns, largest first
         assert torch.equal(values[row][values[row] != 0], dense[row, expected])
     assert columns[3, :4].tolist() == [50, 1, 110, 51]
+
+
+def test_entries_cut_block_by_block_under_vmap_are_the_dense_rows_largest():
+    """Tokens, a layer's units and its error interleaved per position (width units + 1), cut per block by each row
+    (under vmap, as in the backward's hooks), then merged: each dense row's top-k and its sum of magnitudes."""
+    torch.manual_seed(1)
+    rows, positions, units, keep = 4, 6, 5, 9
+    tokens = torch.randn(rows, positions, 1, dtype=torch.float64)
+    leaf = torch.randn(rows, positions, units, dtype=torch.float64) * torch.rand(rows, 1, 1, dtype=torch.float64) * 10
+    error = torch.randn(rows, positions, 1, dtype=torch.float64) * 3
+    leaf[2], error[2] = 0, 0  # a row with fewer non-zeros than kept
+    start = positions
+    dense = torch.cat([tokens.flatten(1), torch.cat([leaf, error], -1).flatten(1)], 1)  # the source columns
+    layout = ((tokens, 0, 1), (leaf, start, units + 1), (error, start + units, units + 1))
+    blocks = [torch.func.vmap(lambda b, s=s, w=w: top_entries(b, s, w, keep))(block) for block, s, w in layout]
+    columns, values, sums = merged_entries(blocks, keep)
+    assert columns.shape == values.shape == (rows, keep)
+    torch.testing.assert_close(sums, dense.abs().sum(1), rtol=1e-14, atol=0)
+    for row in range(rows):
+        expected = dense[row].abs().topk(keep).indices
+        expected = expected[dense[row, expected] != 0]
+        got = columns[row][values[row] != 0]
+        assert got.tolist() == expected.tolist(), row  # the same columns, largest first
+        assert torch.equal(values[row][values[row] != 0], dense[row, expected])
 
 
 def test_a_graph_too_big_for_free_memory_is_refused_before_any_work(llama, monkeypatch):

@@ -200,3 +200,43 @@ def test_bad_input_is_named():
         causal_check(model, result, "1", x, lambda out: out[:, 0])
     with pytest.raises(ValueError, match="'ablate' or 'steer'"):
         causal_check(model, result, "0", x, lambda out: out[:, 0], how="patch")  # type: ignore[arg-type]
+
+
+def test_keyword_inputs_are_cut_into_batches_and_their_other_values_passed_on():
+    class Keywords(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.embed = nn.Embedding(10, 16).double()
+
+        def forward(self, input_ids: torch.Tensor, use_cache: bool) -> torch.Tensor:
+            assert use_cache is False
+            return self.embed(input_ids)
+
+    ids = torch.randint(0, 10, (90, 3), generator=torch.Generator().manual_seed(14))
+    labels = (ids[:, -1] > 4).long()
+    result = probe(Keywords(), {"input_ids": ids, "use_cache": False}, labels, "embed", batch_size=16)
+    assert result.accuracy["embed"] == 1.0 and result.control_accuracy["embed"] > 0.9  # token ids as types
+
+
+def test_a_clean_value_given_is_used_instead_of_a_clean_run():
+    x, y, _ = planted(200, seed=15)
+    model = identity_then_head(torch.ones(D, dtype=torch.float64))
+    result = probe(model, x, y, "0")
+    measured = causal_check(model, result, "0", x, lambda out: out[:, 0])
+    clean = float(model(x)[:, 0].mean())
+    assert causal_check(model, result, "0", x, lambda out: out[:, 0], clean=clean) == pytest.approx(measured, abs=1e-12)
+    assert causal_check(model, result, "0", x, lambda out: out[:, 0], clean=clean + 1.0) == pytest.approx(measured - 1)
+
+
+def test_a_metric_that_raises_leaves_no_hook_behind():
+    x, y, _ = planted(100, seed=16)
+    model = identity_then_head(torch.ones(D, dtype=torch.float64))
+    result = probe(model, x, y, "0")
+
+    def broken(out: torch.Tensor) -> torch.Tensor:
+        raise RuntimeError("metric failed")
+
+    with pytest.raises(RuntimeError, match="metric failed"):
+        causal_check(model, result, "0", x, broken, clean=0.0)  # fails inside the intervened run
+    assert not any(m._forward_hooks or m._forward_pre_hooks for m in model.modules())
+    assert torch.equal(model(x), identity_then_head(torch.ones(D, dtype=torch.float64))(x))

@@ -1,0 +1,23 @@
+"""Trained interventions (DAS, Boundless DAS, low rank) and interchange intervention accuracy, on the patching kernel.
+
+An intervention is a module ``f(base, source)`` applied at a :class:`Site`: :class:`Interchange` (the plain swap),
+:class:`RotatedSubspace` (``R^T swap_k(R b, R s)``), :class:`BoundlessSubspace` (a learned soft boundary),
+:class:`LowRankSubspace` (``b + (R_k s - R_k b) R_k``). :func:`interchange` runs a model with interventions;
+:func:`train_intervention` trains one (the model frozen) and :func:`interchange_intervention_accuracy` scores it.
+"""
+
+from .interchange import interchange
+from .interventions import BoundlessSubspace, Interchange, LowRankSubspace, RotatedSubspace
+from .site import Site
+from .train import interchange_intervention_accuracy, train_intervention
+
+__all__ = [
+    "BoundlessSubspace",
+    "Interchange",
+    "LowRankSubspace",
+    "RotatedSubspace",
+    "Site",
+    "interchange",
+    "interchange_intervention_accuracy",
+    "train_intervention",
+]
