@@ -31,15 +31,27 @@ def trace(model: nn.Module) -> fx.GraphModule | str:
         return f"torch.fx cannot trace {type(model).__name__}: {type(error).__name__}: {error}"
 
 
+def _overlap(first: Span, second: Span) -> Span:
+    """The part of ``first`` inside ``second`` (empty when ``stop <= start``)."""
+    return max(first[0], second[0]), min(first[1], second[1])
+
+
 def _crop(value: Any, clean: torch.Tensor, box: Box) -> torch.Tensor:
-    """The region ``box`` of a node's output: the clean crop with the node's changed crop pasted in."""
+    """The region ``box`` of a node's output: the clean crop with the node's changed crop pasted where they overlap.
+
+    The changed crop may reach outside ``box`` (a 1x1 stride-2 conv reads every other row of its changed input), so
+    only the overlap is pasted.
+    """
     (a, b), (c, d) = box
     out = clean[..., a:b, c:d]
     if value is None:
         return out
-    vbox, crop = value
+    (va, vb), (vc, vd) = value[0]
+    (lo, hi), (left, right) = _overlap((va, vb), (a, b)), _overlap((vc, vd), (c, d))
+    if lo >= hi or left >= right:
+        return out
     out = out.clone()
-    out[..., vbox[0][0] - a : vbox[0][1] - a, vbox[1][0] - c : vbox[1][1] - c] = crop
+    out[..., lo - a : hi - a, left - c : right - c] = value[1][..., lo - va : hi - va, left - vc : right - vc]
     return out
 
 
@@ -66,6 +78,8 @@ def _sliding(
     box = tuple(
         reached(s, d[0], d[1], d[2], d[3], n) for s, d, n in zip(value[0], dims, clean_out.shape[-2:], strict=True)
     )
+    if any(a >= b for a, b in box):
+        return None  # a strided window skips every changed input: the output is the clean one
     spans = [read(s, *d) for s, d in zip(box, dims, strict=True)]
     sizes = clean_in.shape[-2:]
     inside = tuple((max(a, 0), min(b, n)) for (a, b), n in zip(spans, sizes, strict=True))
