@@ -17,10 +17,26 @@ import torch
 import torch.nn.functional as F
 from torch import fx, nn
 
+from hooks import hooked_modules
+
 from ._regions import Span, reached, read, union
 
 Box = tuple[Span, Span]
 _POINTWISE = (nn.ReLU, nn.ReLU6, nn.GELU, nn.SiLU, nn.Identity)
+
+
+def plan(model: nn.Module, inputs: torch.Tensor) -> fx.GraphModule | str:
+    """The traced model if incremental occlusion applies to it and ``inputs``, else the reason it does not."""
+    if inputs.dim() != 4 or not inputs.is_floating_point():
+        return f"incremental occlusion needs floating-point images (batch, C, H, W); got {tuple(inputs.shape)}"
+    if hooked_modules(model):
+        return "the model has hooks, which the incremental run would call on crops (or not at all)"
+    graph = trace(model)
+    if isinstance(graph, str):
+        return graph
+    if not any(_window(m) is not None for m in graph.modules()):
+        return "the model has no Conv2d or MaxPool2d module: no layer computes less on a window's region"
+    return graph
 
 
 def trace(model: nn.Module) -> fx.GraphModule | str:
