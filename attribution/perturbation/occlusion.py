@@ -5,12 +5,14 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import torch
-from torch import nn
+from torch import fx, nn
 
+from .._run import eager_module, warn
 from ..targets import Target
 from ._base import PerturbationMethod
 from ._continuation import Continuation
-from ._evaluate import nan_items
+from ._evaluate import Evaluator, nan_items
+from ._incremental import IncrementalRunner, plan
 from ._masks import Baseline, occlusion_starts, sizes, window_masks
 
 
@@ -30,6 +32,11 @@ class Occlusion(PerturbationMethod):
             a callable ``inputs -> baseline``.
         perturbations_per_forward: windows per model call; ``None``: as many as fit the memory budget.
         show_progress: a progress bar for calls that take more than a second.
+        incremental: image occlusion by incremental inference (``layer=None``, ``(batch, C, H, W)`` floating-point
+            inputs, a model ``torch.fx`` traces and without hooks): the model runs once on the clean image, then
+            per window each layer recomputes only the region the window reaches (equal to full forwards up to
+            rounding). ``None``: where it applies, else full forwards, silently; ``True``: the same, with a warning
+            saying why when it does not apply; ``False``: full forwards.
         layer: ``None`` (the inputs), or one module (its name, or the module) whose output is perturbed instead:
             the window, the stride and the baseline then apply to one item of its output ``(batch, *item)``, the
             attributions are shaped like that output, and the model runs up to the layer once (later forwards
@@ -57,6 +64,7 @@ class Occlusion(PerturbationMethod):
         reuse: bool = True,
         show_progress: bool = True,
         layer: str | nn.Module | None = None,
+        incremental: bool | None = None,
     ) -> None:
         super().__init__(
             model,
@@ -68,17 +76,23 @@ class Occlusion(PerturbationMethod):
         )
         self.window = window
         self.stride = stride
+        self.incremental = incremental
 
     def __call__(self, inputs: torch.Tensor, target: Target | Continuation = None) -> torch.Tensor:
         """The attributions, shaped like ``inputs`` (like the layer's output with ``layer``)."""
         x, single = self._inputs(inputs)
         if self.layer is None:
             self._sizes(tuple(x.shape[1:]))  # a window that does not fit fails before any forward
+        graph = self._graph(x)
         with self._evaluator(x, target) as run:
             item = tuple(run.units.shape[1:])
             window, stride = self._sizes(item)
             corners = occlusion_starts(item, window, stride)
-            scores = run.scores(len(corners), lambda first, stop: ~window_masks(item, window, corners[first:stop]))
+            if graph is None:
+                scores = run.scores(len(corners), lambda first, stop: ~window_masks(item, window, corners[first:stop]))
+            else:
+                scores = incremental_scores(graph, run, window, corners)
+                run.forwards += len(x) * (len(corners) + 1)
         self.forwards = run.forwards
         drops = run.full[:, None] - scores
         total = drops.new_zeros(len(drops), *item)
@@ -91,6 +105,17 @@ class Occlusion(PerturbationMethod):
         attributions = nan_items(total / count, torch.cat([run.full[:, None], scores], 1), "Occlusion")
         return run.result(attributions, single)
 
+    def _graph(self, x: torch.Tensor) -> fx.GraphModule | None:
+        """The traced model where incremental occlusion runs, else ``None`` (with ``incremental=True``, a warning)."""
+        if self.incremental is False or self.layer is not None:
+            return None
+        graph = plan(eager_module(self.model), x)
+        if isinstance(graph, str):
+            if self.incremental:
+                warn(f"Occlusion runs full forwards: {graph}")
+            return None
+        return graph
+
     def _sizes(self, item: tuple[int, ...]) -> tuple[tuple[int, ...], tuple[int, ...]]:
         window = sizes(self.window, item, "`window`")
         stride = sizes(self.stride, item, "`stride`")
@@ -102,3 +127,23 @@ class Occlusion(PerturbationMethod):
                 "would be covered by none. Give a stride of at most the window"
             )
         return window, stride
+
+
+def incremental_scores(
+    graph: fx.GraphModule, run: Evaluator, window: tuple[int, ...], corners: list[tuple[int, ...]]
+) -> torch.Tensor:
+    """Scores ``(batch, windows)``: each item with each window at the baseline, run incrementally on its own."""
+    x, baseline = run.units, run.baseline
+    scores = []
+    with torch.no_grad():
+        runners = [IncrementalRunner(graph, x[b : b + 1]) for b in range(len(x))]
+        for corner in corners:
+            where = tuple(slice(c, c + w) for c, w in zip(corner, window, strict=True))
+            box = tuple((c, min(c + w, n)) for c, w, n in zip(corner[1:], window[1:], x.shape[2:], strict=True))
+            outputs = []
+            for b, runner in enumerate(runners):
+                perturbed = x[b : b + 1].clone()
+                perturbed[0][where] = baseline[b][where]
+                outputs.append(runner.run(perturbed, box))  # type: ignore[arg-type]
+            scores.append(run._scores(torch.cat(outputs), 1))
+    return torch.cat(scores, 1)
