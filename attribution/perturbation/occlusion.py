@@ -35,8 +35,9 @@ class Occlusion(PerturbationMethod):
         incremental: image occlusion by incremental inference (``layer=None``, ``(batch, C, H, W)`` floating-point
             inputs, a model ``torch.fx`` traces and without hooks): the model runs once on the clean image, then
             per window each layer recomputes only the region the window reaches (equal to full forwards up to
-            rounding). ``None``: where it applies, else full forwards, silently; ``True``: the same, with a warning
-            saying why when it does not apply; ``False``: full forwards.
+            rounding). ``False`` (the default): full forwards; ``None``: incremental where it applies, else full
+            forwards, silently; ``True``: the same, with a warning saying why when it does not apply. Not faster
+            than batched full forwards yet (about 1.0x on resnet50 224 x 224, slower on small images).
         layer: ``None`` (the inputs), or one module (its name, or the module) whose output is perturbed instead:
             the window, the stride and the baseline then apply to one item of its output ``(batch, *item)``, the
             attributions are shaped like that output, and the model runs up to the layer once (later forwards
@@ -64,7 +65,7 @@ class Occlusion(PerturbationMethod):
         reuse: bool = True,
         show_progress: bool = True,
         layer: str | nn.Module | None = None,
-        incremental: bool | None = None,
+        incremental: bool | None = False,
     ) -> None:
         super().__init__(
             model,
