@@ -6,11 +6,13 @@ summed over channels nor normalised. Every call registers and removes its own ho
 found it. See ``docs/methods/gradients.rst`` for the formulas and the correspondence with captum.
 """
 
+from .conductance import InternalInfluence, LayerConductance
 from .guided import Deconvolution, GuidedBackprop
 from .guided_gradcam import GuidedGradCAM
 from .integrated import IntegratedGradients
 from .neuron import NeuronGradient
 from .neuron_guided import NeuronGuidedBackprop
+from .neuron_path import NeuronConductance, NeuronIntegratedGradients
 from .saliency import InputXGradient, Saliency
 from .smoothgrad import SmoothGrad
 
@@ -20,8 +22,12 @@ __all__ = [
     "GuidedGradCAM",
     "InputXGradient",
     "IntegratedGradients",
+    "InternalInfluence",
+    "LayerConductance",
+    "NeuronConductance",
     "NeuronGradient",
     "NeuronGuidedBackprop",
+    "NeuronIntegratedGradients",
     "Saliency",
     "SmoothGrad",
 ]

@@ -64,8 +64,7 @@ class IntegratedGradients(GradientMethod):
     ) -> None:
         super().__init__(model, layer=layer)
         check_rule(method, steps)
-        if internal_batch_size is not None and (isinstance(internal_batch_size, bool) or internal_batch_size < 1):
-            raise ValueError(f"`internal_batch_size` must be None or at least 1; got {internal_batch_size!r}")
+        check_batch_size(internal_batch_size)
         self.steps = steps
         self.method = method
         self.baseline = baseline
@@ -135,20 +134,30 @@ class IntegratedGradients(GradientMethod):
 
     def _baseline(self, x: torch.Tensor) -> torch.Tensor:
         """The baseline, expanded to the shape of ``x`` (checked)."""
-        given = self.baseline
-        if given is None:
-            return torch.zeros_like(x)
-        if isinstance(given, (int, float)) and not isinstance(given, bool):
-            return torch.full_like(x, given)
-        base = given(x) if callable(given) else given
-        what = "the baseline that `baseline` returned" if callable(given) else "`baseline`"
-        if not isinstance(base, torch.Tensor):
-            raise TypeError(f"{what} must be a tensor; got {type(base).__name__}")
-        if tuple(base.shape) not in (tuple(x.shape), tuple(x.shape[1:]), (1, *x.shape[1:])):
-            raise ValueError(
-                f"{what} has shape {tuple(base.shape)}, but `inputs` are {tuple(x.shape)}: give a baseline shaped like "
-                f"`inputs`, like one item {tuple(x.shape[1:])}, or (1, ...), or a number"
-            )
-        if base.is_floating_point() != x.is_floating_point():
-            raise TypeError(f"{what} is {base.dtype} but `inputs` are {x.dtype}: give a baseline of the inputs' kind")
-        return base.to(device=x.device, dtype=x.dtype).expand_as(x).clone()
+        return expanded_baseline(self.baseline, x)
+
+
+def check_batch_size(internal_batch_size: int | None) -> None:
+    """Reject an ``internal_batch_size`` that is neither ``None`` nor a positive integer."""
+    if internal_batch_size is not None and (isinstance(internal_batch_size, bool) or internal_batch_size < 1):
+        raise ValueError(f"`internal_batch_size` must be None or at least 1; got {internal_batch_size!r}")
+
+
+def expanded_baseline(given: Baseline, x: torch.Tensor) -> torch.Tensor:
+    """The baseline ``given`` (as ``baseline=`` takes it), expanded to the shape of ``x`` (checked)."""
+    if given is None:
+        return torch.zeros_like(x)
+    if isinstance(given, (int, float)) and not isinstance(given, bool):
+        return torch.full_like(x, given)
+    base = given(x) if callable(given) else given
+    what = "the baseline that `baseline` returned" if callable(given) else "`baseline`"
+    if not isinstance(base, torch.Tensor):
+        raise TypeError(f"{what} must be a tensor; got {type(base).__name__}")
+    if tuple(base.shape) not in (tuple(x.shape), tuple(x.shape[1:]), (1, *x.shape[1:])):
+        raise ValueError(
+            f"{what} has shape {tuple(base.shape)}, but `inputs` are {tuple(x.shape)}: give a baseline shaped like "
+            f"`inputs`, like one item {tuple(x.shape[1:])}, or (1, ...), or a number"
+        )
+    if base.is_floating_point() != x.is_floating_point():
+        raise TypeError(f"{what} is {base.dtype} but `inputs` are {x.dtype}: give a baseline of the inputs' kind")
+    return base.to(device=x.device, dtype=x.dtype).expand_as(x).clone()

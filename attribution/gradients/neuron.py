@@ -54,18 +54,30 @@ class NeuronGradient(GradientMethod):
     def __call__(self, inputs: torch.Tensor, neuron: Neuron) -> torch.Tensor:
         """``d neuron / d inputs``, shaped like ``inputs``."""
         x = check_inputs(inputs, "NeuronGradient", self.model, layer=None)
-        seen: list[torch.Tensor] = []
-        layer = self.layer
-        assert layer is not None
-
-        def record(group: HookGroup) -> None:
-            def keep(module: nn.Module, args: Any, output: Any, *, name: str, call: int) -> None:
-                seen.append(layer_tensor(output, name, call))
-
-            group.forward(layer, keep)
-
-        def score(output: Any) -> torch.Tensor:
-            return neuron_scores(seen[0], neuron)
-
-        grad = site_gradient(self.model, "NeuronGradient", x, score, setup=record).grad
+        assert self.layer is not None
+        grad = neuron_input_gradient(self.model, "NeuronGradient", self.layer, x, neuron)
         return check_result(grad, "NeuronGradient")
+
+
+def neuron_input_gradient(
+    model: nn.Module,
+    method: str,
+    layer: str,
+    inputs: torch.Tensor,
+    neuron: Neuron,
+    scale: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """One forward and backward: ``d (scale * neuron) / d inputs``, ``scale`` a ``(batch,)`` weight per row."""
+    seen: list[torch.Tensor] = []
+
+    def record(group: HookGroup) -> None:
+        def keep(module: nn.Module, args: Any, output: Any, *, name: str, call: int) -> None:
+            seen.append(layer_tensor(output, name, call))
+
+        group.forward(layer, keep)
+
+    def score(output: Any) -> torch.Tensor:
+        values = neuron_scores(seen[0], neuron)
+        return values if scale is None else values * scale
+
+    return site_gradient(model, method, inputs, score, setup=record).grad
