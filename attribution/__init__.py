@@ -19,6 +19,7 @@ from . import targets as targets  # the target helpers keep their namespace
 from .cam import AblationCAM, EigenCAM, GradCAM, GradCAMPlusPlus, HiResCAM, LayerCAM, ScoreCAM, XGradCAM
 from .causal import (
     BoundlessSubspace,
+    CausalModel,
     Interchange,
     LowRankSubspace,
     RotatedSubspace,
@@ -107,6 +108,7 @@ dataset, aggregate = _runner, _aggregate  # ``import attribution.dataset`` then 
 
 __all__ = [
     "BoundlessSubspace",
+    "CausalModel",
     "Interchange",
     "LowRankSubspace",
     "RotatedSubspace",

@@ -6,6 +6,7 @@ An intervention is a module ``f(base, source)`` applied at a :class:`Site`: :cla
 :func:`train_intervention` trains one (the model frozen) and :func:`interchange_intervention_accuracy` scores it.
 """
 
+from ._model import CausalModel
 from .interchange import interchange
 from .interventions import BoundlessSubspace, Interchange, LowRankSubspace, RotatedSubspace
 from .site import Site
@@ -13,6 +14,7 @@ from .train import interchange_intervention_accuracy, train_intervention
 
 __all__ = [
     "BoundlessSubspace",
+    "CausalModel",
     "Interchange",
     "LowRankSubspace",
     "RotatedSubspace",

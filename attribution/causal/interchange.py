@@ -65,7 +65,7 @@ def check_interventions(interventions: Any) -> list[Site]:
 
 def record_sources(model: nn.Module, base: Any, sources: Any, resolved: list[Resolved]) -> dict[Site, torch.Tensor]:
     """Each site's whole activation in its source run; each distinct source input runs once."""
-    per_site = sources if isinstance(sources, Mapping) and all(isinstance(k, Site) for k in sources) else None
+    per_site = sources_by_site(sources)
     if per_site is not None and set(per_site) != {r.site for r in resolved}:
         missing = [r.site for r in resolved if r.site not in per_site]
         raise KeyError(f"`sources` is a dict by Site but has no input for {missing}; give one for every site")
@@ -75,7 +75,7 @@ def record_sources(model: nn.Module, base: Any, sources: Any, resolved: list[Res
         groups.setdefault(id(source), (source, []))[1].append(r)
     found: dict[Site, torch.Tensor] = {}
     for source, sites in groups.values():
-        check_same_shapes(plain(base, model), plain(source, model), ("`base`", "`sources`"))
+        check_source_shapes(model, base, source, [r.site for r in sites])
         with ExitStack() as stack:
             acts = [
                 (r, stack.enter_context(record(model, r.name, site=r.site.site, element=r.site.element))) for r in sites
@@ -84,6 +84,29 @@ def record_sources(model: nn.Module, base: Any, sources: Any, resolved: list[Res
                 model(**source) if isinstance(source, Mapping) else model(source)
         found.update({r.site: recorded[r.name] for r, recorded in acts})
     return found
+
+
+def sources_by_site(sources: Any) -> Mapping[Site, Any] | None:
+    """``sources`` when it is a dict ``{Site: input}``, else None (one input for all sites)."""
+    if not isinstance(sources, Mapping) or not any(isinstance(k, Site) for k in sources):
+        return None
+    other = [k for k in sources if not isinstance(k, Site)]
+    if other:
+        raise TypeError(
+            f"`sources` mixes Site keys with {other!r}: give either a dict {{Site: input}} (every key a Site) "
+            "or one input for all sites"
+        )
+    return sources
+
+
+def check_source_shapes(model: nn.Module, base: Any, source: Any, sites: list[Site]) -> None:
+    """Raise, naming the sites and both shapes, unless ``source`` is shaped like ``base``."""
+    try:
+        check_same_shapes(plain(base, model), plain(source, model), ("`base`", "`sources`"))
+    except ValueError as error:
+        raise ValueError(
+            f"the source for {', '.join(map(repr, sites))}: {error}; give sources shaped like the base"
+        ) from None
 
 
 @contextmanager

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -12,7 +13,7 @@ from torch import nn
 from .._run import eager_module, kept_state
 from ..patching.sites import record
 from ._prefix import Prefix, record_prefix, shifted
-from .interchange import intervening
+from .interchange import check_source_shapes, intervening
 from .interventions import BoundlessSubspace
 from .site import Resolved, Site, resolve_site
 
@@ -67,12 +68,12 @@ def train_intervention(
     model = eager_module(model)
     n = check_labels(base, labels)
     r = resolve_site(model, site)
-    params = [p for p in intervention.parameters() if p.requires_grad]
-    optimizer = torch.optim.Adam(params, lr=lr)
+    check_source_shapes(model, base, sources, [r.site])
+    optimizer = torch.optim.Adam([p for p in intervention.parameters() if p.requires_grad], lr=lr)
     path = Path(checkpoint) if checkpoint is not None else None
     start, start_temperature = resume(path, intervention, optimizer)
-    steps_per_epoch = -(-n // batch_size)
-    schedule = torch.linspace(start_temperature, 0.1, max(epochs * steps_per_epoch, 1))
+    steps = -(-n // batch_size)
+    schedule = torch.linspace(start_temperature, 0.1, max(epochs * steps, 1))
     with kept_state(model):
         for p in model.parameters():
             p.requires_grad_(False)  # restored by kept_state: no gradient buffers for the model
@@ -80,25 +81,56 @@ def train_intervention(
         prefix = record_prefix(model, base, r, batch_size)
         if prefix is not None:  # every step runs only the suffix after the first intervened position
             r, source_acts = shifted(r, prefix.length, base.shape[1]), source_acts[:, prefix.length :]
+        data = Batches(base, source_acts, labels, prefix)
         for epoch in range(start, epochs):
             order = torch.randperm(n, generator=torch.Generator().manual_seed(seed + epoch))
-            for step in range(steps_per_epoch):
+            for step in range(steps):
                 rows = order[step * batch_size : (step + 1) * batch_size]
                 if isinstance(intervention, BoundlessSubspace):
-                    intervention.temperature.fill_(float(schedule[epoch * steps_per_epoch + step]))
-                with torch.enable_grad():
-                    value = step_loss(model, r, intervention, rows, base, source_acts, labels, loss, prefix)
-                if not torch.isfinite(value):
-                    raise FloatingPointError(
-                        f"the loss is {value.item()} at epoch {epoch}, step {step} (rows {rows[:8].tolist()}...): "
-                        "lower `lr`, or check the labels and the loss"
-                    )
-                optimizer.zero_grad()
-                value.backward()
-                optimizer.step()
+                    intervention.temperature.fill_(float(schedule[epoch * steps + step]))
+                train_step(model, r, intervention, optimizer, data, rows, loss, (epoch, step))
             if path is not None:
                 save(path, intervention, optimizer, epoch + 1, start_temperature)
     return intervention
+
+
+@dataclass(frozen=True)
+class Batches:
+    """What every training step draws its rows from."""
+
+    base: Any
+    source_acts: torch.Tensor
+    labels: torch.Tensor
+    prefix: Prefix | None
+
+
+def train_step(
+    model: nn.Module,
+    r: Resolved,
+    intervention: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    data: Batches,
+    rows: torch.Tensor,
+    loss: Loss | None,
+    where: tuple[int, int],
+) -> None:
+    """One optimiser step on ``rows``; a loss that is not finite stops training, naming the epoch, step and rows."""
+    with torch.enable_grad():
+        value = step_loss(model, r, intervention, rows, data.base, data.source_acts, data.labels, loss, data.prefix)
+    check_finite(value, where, rows)
+    optimizer.zero_grad()
+    value.backward()
+    optimizer.step()
+
+
+def check_finite(value: torch.Tensor, where: tuple[int, int], rows: torch.Tensor) -> None:
+    """Raise a ``FloatingPointError`` naming the epoch, step and batch rows unless ``value`` is finite."""
+    if not torch.isfinite(value):
+        epoch, step = where
+        raise FloatingPointError(
+            f"the loss is {value.item()} at epoch {epoch}, step {step} (batch rows {rows[:8].tolist()}"
+            f"{'...' if len(rows) > 8 else ''}): lower `lr`, or check the labels and the loss"
+        )
 
 
 def check_labels(base: Any, labels: torch.Tensor) -> int:
@@ -202,6 +234,7 @@ def interchange_intervention_accuracy(
     model = eager_module(model)
     n = check_labels(base, labels)
     r = resolve_site(model, site)
+    check_source_shapes(model, base, sources, [r.site])
     with kept_state(model), torch.no_grad():
         source_acts = site_activations(model, sources, r, 256)
         with intervening(model, [r], {r.site: source_acts}, {r.site: intervention}):

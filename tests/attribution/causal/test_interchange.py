@@ -164,8 +164,16 @@ def test_bad_input_is_named():
         interchange(model, base, base, {Site("model.layer.0"): Interchange()})
     with pytest.raises(ValueError, match="build it with dim=16"):
         interchange(model, base, base, {Site("model.layers.0"): RotatedSubspace(8, 2).double()})
-    with pytest.raises(ValueError, match="same shapes"):
+    with pytest.raises(
+        ValueError, match=r"source for Site\(module='model.layers.0'.*same shapes; got \(2, 5\) and \(2, 4\)"
+    ):
         interchange(model, base, tokens(1)[:, :4], {Site("model.layers.0"): Interchange()})
+    with pytest.raises(ValueError, match=r"same shapes; got \(2, 5\) and \(1, 5\)"):
+        interchange(model, base, tokens(1)[:1], {Site("model.layers.0"): Interchange()})
+    with pytest.raises(TypeError, match=r"mixes Site keys with \['input_ids'\]"):
+        interchange(
+            model, base, {Site("model.layers.0"): base, "input_ids": base}, {Site("model.layers.0"): Interchange()}
+        )
     with pytest.raises(ValueError, match="holds heads"):
         interchange(model, base, base, {Site("model.layers.0", heads=[1]): Interchange()})
     with pytest.raises(TypeError, match="must be a Site"):

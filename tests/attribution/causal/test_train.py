@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
 
@@ -90,8 +92,17 @@ def test_nan_loss_and_bad_labels_are_named():
     model = hand_built()
     base, source, labels = triples(64, 4, "left")
     nan = lambda out, y: out.sum() * float("nan")  # noqa: E731
-    with pytest.raises(FloatingPointError, match=r"epoch 0, step 0"):
+    with pytest.raises(FloatingPointError, match=r"epoch 0, step 0 \(batch rows \[\d+, "):
         train_intervention(model, base, source, labels, RotatedSubspace(4, 1).double(), Site("2"), loss=nan)
     assert all(p.grad is None and p.requires_grad for p in model.parameters())
     with pytest.raises(ValueError, match=r"shape \(64,\)"):
         interchange_intervention_accuracy(model, base, source, labels[:10], RotatedSubspace(4, 1).double(), Site("2"))
+    with pytest.raises(ValueError, match=r"shape \(64,\)"):
+        train_intervention(model, base, source, labels[:63], RotatedSubspace(4, 1).double(), Site("2"))
+    for bad in (source[:32], source[:, :8]):
+        with pytest.raises(
+            ValueError, match=rf"source for Site\(module='2'.*got \(64, 12\) and {re.escape(str(tuple(bad.shape)))}"
+        ):
+            train_intervention(model, base, bad, labels, RotatedSubspace(4, 1).double(), Site("2"))
+        with pytest.raises(ValueError, match=r"same shapes"):
+            interchange_intervention_accuracy(model, base, bad, labels, RotatedSubspace(4, 1).double(), Site("2"))
