@@ -82,6 +82,7 @@ from .perturbation import (
 )
 from .probes import ProbeResult, causal_check, probe
 from .reference import DeepLift, DeepLiftShap, GradientShap, NeuronDeepLift
+from .robust import fgsm, pgd
 from .rollout import AttentionRollout, GradientRollout
 
 # The modules' paths before the family folders, which the docs and existing code name: the same module objects,
@@ -168,6 +169,7 @@ __all__ = [
     "faithfulness",
     "faithfulness_curve",
     "feature_statistics",
+    "fgsm",
     "linear_datamodeling_score",
     "load_dictionary",
     "logit_lens",
@@ -175,6 +177,7 @@ __all__ = [
     "open_results",
     "patch",
     "path_patching",
+    "pgd",
     "probe",
     "record",
     "retrain_on_subsets",

@@ -16,7 +16,7 @@ import attribution
 
 ROOT = Path(__file__).resolve().parents[2]
 REFERENCE = ROOT / "docs" / "reference" / "attribution.rst"
-FAMILIES = ["cam", "rollout", "patching", "metrics", "datasets", "plot", "features", "probes", "causal"]
+FAMILIES = ["cam", "rollout", "patching", "metrics", "datasets", "plot", "features", "probes", "causal", "robust"]
 
 
 def documented_top_level_names() -> set[str]:
