@@ -82,7 +82,7 @@ from .perturbation import (
 )
 from .probes import ProbeResult, causal_check, probe
 from .reference import DeepLift, DeepLiftShap, GradientShap, NeuronDeepLift
-from .robust import fgsm, pgd
+from .robust import fgsm, min_perturbation, pgd
 from .rollout import AttentionRollout, GradientRollout
 
 # The modules' paths before the family folders, which the docs and existing code name: the same module objects,
@@ -174,6 +174,7 @@ __all__ = [
     "load_dictionary",
     "logit_lens",
     "mean_patching",
+    "min_perturbation",
     "open_results",
     "patch",
     "path_patching",

@@ -16,5 +16,6 @@ Example:
 """
 
 from .attacks import fgsm, pgd
+from .minimal import min_perturbation
 
-__all__ = ["fgsm", "pgd"]
+__all__ = ["fgsm", "min_perturbation", "pgd"]
