@@ -95,6 +95,7 @@ from .perturbation import (
 )
 from .probes import ProbeResult, causal_check, probe
 from .reference import DeepLift, DeepLiftShap, GradientShap, NeuronDeepLift
+from .robust import fgsm, min_perturbation, pgd
 from .rollout import AttentionRollout, GradientRollout
 
 # The modules' paths before the family folders, which the docs and existing code name: the same module objects,
@@ -193,14 +194,17 @@ __all__ = [
     "faithfulness",
     "faithfulness_curve",
     "feature_statistics",
+    "fgsm",
     "linear_datamodeling_score",
     "load_dictionary",
     "logit_lens",
     "mean_patching",
+    "min_perturbation",
     "open_results",
     "patch",
     "path_patching",
     "per_example_gradients",
+    "pgd",
     "probe",
     "record",
     "retrain_on_subsets",

@@ -17,7 +17,7 @@ import attribution
 ROOT = Path(__file__).resolve().parents[2]
 REFERENCE = ROOT / "docs" / "reference" / "attribution.rst"
 FAMILIES = ["cam", "rollout", "patching", "metrics", "datasets", "plot", "features", "probes", "causal"]
-FAMILIES += ["influence", "concepts"]
+FAMILIES += ["influence", "concepts", "robust"]
 
 
 def documented_top_level_names() -> set[str]:
