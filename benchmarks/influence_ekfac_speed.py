@@ -1,7 +1,7 @@
 """EK-FAC influence: factor fitting and pairwise scores, hookscope's InfluenceFunction against Kronfluence 1.0.1.
 
 Run from the repository root (Kronfluence installed, e.g. the peers' virtual environment of ``.ci/peers``):
-python -m benchmarks.influence_ekfac_speed [--rounds 1] [--no-memory]
+python -m benchmarks.influence_ekfac_speed [--rounds 1] [--memory]
 
 Same model, same data, same settings on both sides: float32 (Kronfluence's defaults: covariances and Lambda in
 float32, eigendecompositions in float64, which ours matches by decomposing in the factors' dtype after the sums),
@@ -14,10 +14,10 @@ the empirical Fisher (the true labels: a sampled Fisher draws different labels o
 * MLP: 64-256-256-10 with Tanh; the same counts.
 
 Times are the CPU time of the process on one torch thread (``time.process_time``), the minimum over interleaved
-rounds after one warm-up; Kronfluence's include its writing of factors and scores to a temporary folder (it always
-does). "fit" is both passes (covariances with eigendecompositions, then the eigenvalue correction); "scores" is the
-pairwise scores from fitted factors. Peak memory is the largest total of the tensor storages the call creates
-(``benchmarks._timing.memory``; model and data not counted).
+rounds (the run that checks the scores is the warm-up); Kronfluence's include its writing of factors and scores to a
+temporary folder (it always does). "fit" is both passes (covariances with eigendecompositions, then the eigenvalue
+correction); "scores" is the pairwise scores from fitted factors. Peak memory (``--memory``) is the largest total of
+the tensor storages the call creates (``benchmarks._timing.memory``; model and data not counted).
 """
 
 from __future__ import annotations
@@ -119,7 +119,7 @@ def rows(name: str, model: nn.Module, shape: tuple[int, ...], rounds: int, with_
     out = []
     for step in ("fit", "scores"):
         variants = {"hookscope": getattr(ours, step), "Kronfluence": getattr(theirs, step)}
-        times = interleaved(variants, rounds, statistic=min, clock=time.process_time)
+        times = interleaved(variants, rounds, warmup=0, statistic=min, clock=time.process_time)  # warmed by the check
         peaks = {k: f"{memory(fn)[0]:.0f} MiB" if with_memory else "-" for k, fn in variants.items()}
         ratio = times["hookscope"] / times["Kronfluence"]
         out += [[f"{name} {step}", f"{times['hookscope']:.2f} s", f"{times['Kronfluence']:.2f} s", f"{ratio:.2f}x",
@@ -130,11 +130,11 @@ def rows(name: str, model: nn.Module, shape: tuple[int, ...], rounds: int, with_
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=1)
-    parser.add_argument("--no-memory", action="store_true", help="skip the (slow) peak-memory runs")
+    parser.add_argument("--memory", action="store_true", help="also measure peak memory (slow: every op is traced)")
     args = parser.parse_args()
     setup(threads=1)
-    found = rows("CNN 32x32", cnn(), (3, 32, 32), args.rounds, not args.no_memory)
-    found += rows("MLP", mlp(), (64,), args.rounds, not args.no_memory)
+    found = rows("CNN 32x32", cnn(), (3, 32, 32), args.rounds, args.memory)
+    found += rows("MLP", mlp(), (64,), args.rounds, args.memory)
     header = [
         "EK-FAC, 2000 train x 100 test",
         "hookscope",
