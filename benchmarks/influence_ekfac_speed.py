@@ -4,7 +4,7 @@ Run from the repository root (Kronfluence installed, e.g. the peers' virtual env
 python -m benchmarks.influence_ekfac_speed [--rounds 1] [--memory]
 
 Same model, same data, same settings on both sides: float32 (Kronfluence's defaults: covariances and Lambda in
-float32, eigendecompositions in float64, which ours matches by decomposing in the factors' dtype after the sums),
+float32, eigendecompositions in float64; ours keeps float32 throughout, eigendecompositions included),
 the empirical Fisher (the true labels: a sampled Fisher draws different labels on each side), explicit damping
 1e-3 per eigenvalue, batches of 100 for the fit, the test and the training set. Scores are checked equal first
 (max relative difference over the score matrix, against its largest magnitude).
