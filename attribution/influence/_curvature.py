@@ -37,9 +37,13 @@ def second_moment(x: torch.Tensor) -> torch.Tensor:
 
 
 def eigenbasis(matrix: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Eigenvalues (clamped at 0: round-off makes a covariance's smallest ones slightly negative) and eigenvectors."""
-    values, vectors = torch.linalg.eigh((matrix + matrix.T) / 2)
-    return values.clamp_min(0), vectors
+    """Eigenvalues (clamped at 0: round-off makes a covariance's smallest ones slightly negative) and eigenvectors.
+
+    Decomposed in float64 whatever the factor's dtype (as Kronfluence does: a float32 ``eigh`` of a 2,049-wide factor
+    moved scores by 5e-3), then cast back.
+    """
+    values, vectors = torch.linalg.eigh(((matrix + matrix.T) / 2).double())
+    return values.clamp_min(0).to(matrix.dtype), vectors.to(matrix.dtype)
 
 
 def rotate(g: torch.Tensor, q_s: torch.Tensor, q_a: torch.Tensor) -> torch.Tensor:
