@@ -32,7 +32,7 @@ class InfluenceFunction:
 
     - ``"identity"``: ``P = I`` (gradient similarity).
     - ``"diagonal"``: the Fisher's diagonal ``E[g^2]`` per parameter.
-    - ``"kfac"``: per module ``A (x) S`` (:mod:`attribution.influence._curvature` states the factors).
+    - ``"kfac"``: per module ``A (x) S`` (the docs page states the factors).
     - ``"ekfac"``: K-FAC's eigenbases with the eigenvalues refit to ``E[(Q_S^T G Q_A)^2]`` (George et al. 2018,
       Grosse et al. 2023).
     - ``"exact"``: the Hessian of the mean training loss over all chosen parameters jointly (small models).
@@ -48,7 +48,7 @@ class InfluenceFunction:
         modules: names, globs or modules; default every supported module with trainable parameters.
         method: one of ``"identity"``, ``"diagonal"``, ``"kfac"``, ``"ekfac"``, ``"exact"``.
         damping: added to every eigenvalue (to the diagonal, to the Hessian); ``None``: 0.1 x the mean eigenvalue.
-        fisher: ``"sampled"`` (labels drawn from the model, see :mod:`attribution.influence._fisher`) or
+        fisher: ``"sampled"`` (labels drawn from the model, see the docs page) or
             ``"empirical"`` (the true labels) for the diagonal, K-FAC and EK-FAC curvature.
         sample_labels: ``(outputs, batch, generator) -> labels`` for a loss whose distribution is not known.
         seed: the seed of the sampled labels.
