@@ -81,7 +81,7 @@ def normalised(pixels: torch.Tensor) -> torch.Tensor:
     return (pixels - 0.5) / 0.5
 
 
-def main(out: Path, runs: int = 10, per_concept: int = 24, threads: int = 2) -> None:
+def main(out: Path, runs: int = 10, per_concept: int = 24, threads: int = 2, kind: str = "logistic") -> None:
     torch.set_num_threads(threads)
     started = time.perf_counter()
     model = load_efficientnet_lite0()
@@ -95,7 +95,7 @@ def main(out: Path, runs: int = 10, per_concept: int = 24, threads: int = 2) -> 
     others = [name for name in PHOTOS if name != "chelsea"]
     pool = crops(others, per_concept * 6, scale=(0.05, 0.5), seed=1)  # each run draws 3 disjoint sets from it
     inputs = crops(["chelsea"], 16, scale=(0.4, 1.0), seed=2)
-    tcav = TCAV(model, LAYERS, concepts, random_concepts=pool, runs=runs, set_size=per_concept, batch_size=16)
+    tcav = TCAV(model, LAYERS, concepts, pool, runs=runs, kind=kind, set_size=per_concept, batch_size=16)  # type: ignore[arg-type]
     result = tcav(inputs, target=target)
     took = time.perf_counter() - started
     print(f"target: {label} ({target}); {runs} runs, {per_concept} examples per set; {took:.0f} s")
@@ -136,6 +136,7 @@ if __name__ == "__main__":
     parser.add_argument("--runs", type=int, default=10)
     parser.add_argument("--per-concept", type=int, default=24)
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--kind", choices=["logistic", "sgd", "mean"], default="logistic", help="how CAVs are fitted")
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
-    main(args.out, args.runs, args.per_concept, args.threads)
+    main(args.out, args.runs, args.per_concept, args.threads, args.kind)

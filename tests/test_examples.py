@@ -52,8 +52,8 @@ SHORTER = {  # the same code paths with less of the work the documented run does
     "gradients_demo.py": ["--photos", "1"],
     "probes_ioi.py": ["--prompts", "32", "--checked", "4", "--every", "6"],
     "influence_digits.py": ["--epochs", "4", "--subsets", "2"],
-    "concepts_demo.py": ["--runs", "3", "--per-concept", "8"],
-    "influence_facts.py": ["--facts", "12", "--steps", "1", "--layers", "1"],
+    "concepts_demo.py": ["--runs", "2", "--per-concept", "6", "--kind", "mean"],
+    "influence_facts.py": ["--facts", "6", "--steps", "0", "--layers", "1"],
 }
 
 

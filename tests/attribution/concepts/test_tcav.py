@@ -57,14 +57,14 @@ def test_with_a_nonlinear_head_the_planted_concept_and_its_negation_are_both_sig
 def test_a_random_concept_is_not_significant_in_most_seeds(kind):
     """Many concept examples against fresh sets of 30 from the pool: the concept's own set, shared by all runs, then
     moves its scores little (with 30 concept examples, 7 of these 20 tests came out significant for "mean")."""
-    significant = 0
-    for seed in range(10):
+    significant, seeds = 0, 10 if kind == "mean" else 3  # the logistic fits cost seconds each: fewer seeds
+    for seed in range(seeds):
         model, concepts = nonlinear_head(seed), {"random": randn(150, 6, seed=50 + seed)}
         pool = randn(300, 6, seed=60 + seed)
         tcav = TCAV(model, ["0", "2"], concepts, pool, runs=10, kind=kind, seed=seed, set_size=30)
         result = tcav(randn(40, 6, seed=70 + seed), target=0)
         significant += sum(result.scores["random"][layer].significant for layer in result.layers)
-    assert significant <= 3  # of 20 tests (10 seeds x 2 layers) at alpha 0.05; measured: 1 ("mean"), 0 ("logistic")
+    assert significant <= 3 * seeds // 10  # of 2 x seeds tests; measured: 1 of 20 ("mean"), 0 of 6 ("logistic")
 
 
 @pytest.mark.filterwarnings("ignore:Precision loss occurred:RuntimeWarning")  # scipy, on near-equal sign counts
