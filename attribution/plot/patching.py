@@ -25,6 +25,7 @@ def plot_patching(
     title: str | None = None,
     colorbar: bool = True,
     annotate: bool = False,
+    limits: tuple[float, float] | None = None,
 ) -> Axes:
     """Heatmap of an activation-patching result, with a diverging colour map centred at zero.
 
@@ -44,6 +45,8 @@ def plot_patching(
         title: axes title.
         colorbar: add a colour bar.
         annotate: write each value in its cell.
+        limits: the colour limits ``(low, high)`` (e.g. ``(0, 1)`` for accuracies with a sequential ``cmap``);
+            default: symmetric around 0 at the largest absolute value.
 
     Returns:
         The axes.
@@ -83,7 +86,8 @@ def plot_patching(
     finite = values[torch.isfinite(values)]  # a normalised cell can be NaN when clean == corrupted
     limit = float(finite.abs().max()) if finite.numel() else 1.0
     limit = limit or 1.0
-    image = ax.imshow(values.numpy(), cmap=cmap, vmin=-limit, vmax=limit, aspect="auto")
+    low, high = limits if limits is not None else (-limit, limit)
+    image = ax.imshow(values.numpy(), cmap=cmap, vmin=low, vmax=high, aspect="auto")
     ax.set_xticks(
         range(values.shape[1]),
         columns,
@@ -100,13 +104,20 @@ def plot_patching(
                 ha="center",
                 va="center",
                 fontsize=7,
-                color="white" if abs(v) > 0.6 * limit else "black",
+                color=_text_colour(v, low, high, limits is None),
             )
     if colorbar:
         ax.figure.colorbar(image, ax=ax, fraction=0.046, pad=0.04)
     if title:
         ax.set_title(title)
     return ax
+
+
+def _text_colour(value: float, low: float, high: float, diverging: bool) -> str:
+    """White on the dark cells: far from 0 on a diverging map, in the lower half on a sequential one (viridis)."""
+    if diverging:
+        return "white" if abs(value) > 0.6 * high else "black"
+    return "white" if value < low + 0.5 * (high - low) else "black"
 
 
 def _carried(
@@ -130,6 +141,9 @@ def _carried(
             tokens = [tokens[p] for p in positions]  # tokens of the whole input, the sweep ran on some positions
     elif "head" in result.axes and tokens is None and result.dim() == 2:
         tokens = [f"H{h}" for h in result.labels["head"]]
+    elif tokens is None and result.dim() == 2:  # another second axis (an intervention sweep's k): its labels
+        axis = result.axes[1]
+        tokens = [f"{axis}={label}" for label in result.labels[axis]]
     return layers, tokens
 
 
