@@ -12,8 +12,10 @@ from torch import nn
 from .._progress import progress as progress_bar
 from .._run import eager_module, kept_state
 from ..patching.result import PatchingResult
-from .site import Site, gather, resolve_site
-from .train import check_labels, interchange_intervention_accuracy, rows_of, site_activations, train_intervention
+from ._data import Batches, prepare
+from .interchange import check_source_shapes
+from .site import Resolved, Site, gather, resolve_site
+from .train import SCORING_BATCH, Schedule, accuracy, check_labels, fit, freeze
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
@@ -35,9 +37,9 @@ class InterventionSweep:
     """
 
     iia: PatchingResult
-    interventions: dict[tuple[str, int], nn.Module] = field(repr=False)
+    interventions: dict[tuple[str, int | str], nn.Module] = field(repr=False)
 
-    def best(self) -> tuple[str, int, float]:
+    def best(self) -> tuple[str, int | str, float]:
         """``(site label, k, IIA)`` of the highest held-out IIA (the first one on a tie)."""
         values = self.iia.as_subclass(torch.Tensor)
         i, j = divmod(int(values.flatten().argmax()), values.shape[1])
@@ -56,7 +58,7 @@ def intervention_sweep(
     train: Triples,
     test: Triples,
     sites: Sequence[Site] | Mapping[str, Site],
-    ks: Sequence[int] = (1,),
+    ks: Sequence[int | str] = (1,),
     *,
     intervention: MakeIntervention | None = None,
     progress: bool = True,
@@ -66,57 +68,94 @@ def intervention_sweep(
 
     For each site and each ``k``, ``intervention(width, k)`` (default :class:`RotatedSubspace`, i.e. DAS) is built
     for the site's width (the intervened part's last axis: positions and heads as the :class:`Site` selects),
-    trained by :func:`train_intervention` with ``training``'s settings, and scored by
-    :func:`interchange_intervention_accuracy` on the held-out ``test`` triples. ``k = 0`` needs no training: it is
-    the base run's accuracy against the counterfactual labels, the floor every other cell is read against.
+    trained as :func:`train_intervention` trains it, with ``training``'s settings, and scored as
+    :func:`interchange_intervention_accuracy` scores it on the held-out ``test`` triples. Two sizes need no
+    training: ``k = 0`` swaps nothing (the base run's agreement with the counterfactual labels, the floor) and
+    ``k = "all"`` swaps the whole part (plain activation patching, :class:`Interchange`). The sources run once for
+    all sites, and on a causal language model the base's prefix before a site's first position runs once per
+    distinct first position; every cell reuses them.
 
     Args:
         model: the model (left as found).
         train: ``(base, sources, labels)`` to train on.
         test: ``(base, sources, labels)`` to score on (held out).
         sites: the sites, labelled by their module names and positions, or a dict ``{label: Site}``.
-        ks: the subspace sizes.
+        ks: the subspace sizes: ints ``>= 0`` and ``"all"``.
         intervention: ``(width, k) -> module``; default :class:`RotatedSubspace`.
         progress: a progress bar over the cells.
-        **training: keyword arguments of :func:`train_intervention` (``epochs``, ``lr``, ``batch_size``, ``seed``,
-            ``loss``).
+        **training: keyword arguments of :func:`train_intervention`: ``epochs``, ``lr``, ``batch_size``, ``seed``,
+            ``loss``.
 
     Returns:
         An :class:`InterventionSweep`: ``.iia`` ``(sites, ks)``, ``.interventions``, ``.best()``, ``.plot()``.
-    """
-    from .interventions import Interchange, RotatedSubspace
 
-    make = intervention if intervention is not None else RotatedSubspace
+    Raises:
+        ValueError: a ``k`` wider than a site, an empty or duplicated site list, triples of the wrong shape.
+    """
     labelled = check_sweep(sites, ks, train, test, training)
+    model = eager_module(model)
+    resolved = [resolve_site(model, site) for _, site in labelled]
+    for triple in (train, test):
+        check_source_shapes(model, triple[0], triple[1], [r.site for r in resolved])
+    schedule = Schedule(**{key: value for key, value in training.items() if key != "loss"})
     values = torch.zeros(len(labelled), len(ks), dtype=torch.float64)
-    trained: dict[tuple[str, int], nn.Module] = {}
-    cells = [(i, j) for i in range(len(labelled)) for j in range(len(ks))]
-    for i, j in progress_bar(cells, desc="intervention sweep", enabled=progress, unit="cell"):
-        label, site = labelled[i]
-        k = ks[j]
-        if k == 0:  # nothing is swapped: the base's own output against the counterfactual labels
-            module: nn.Module = Interchange()
-            scored = interchange_intervention_accuracy(model, test[0], test[0], test[2], module, site)
-        else:
-            module = make(site_width(model, train[1], site), k)
-            module = train_intervention(model, train[0], train[1], train[2], module, site, **training)
-            scored = interchange_intervention_accuracy(model, test[0], test[1], test[2], module, site)
-        values[i, j] = scored
-        trained[label, k] = module
+    trained: dict[tuple[str, int | str], nn.Module] = {}
+    with kept_state(model):
+        freeze(model)
+        fitting = prepare(model, *train, resolved, schedule.batch_size)
+        with torch.no_grad():
+            scoring = prepare(model, *test, resolved, SCORING_BATCH)
+        cells = [(i, j) for i in range(len(labelled)) for j in range(len(ks))]
+        for i, j in progress_bar(cells, desc="intervention sweep", enabled=progress, unit="cell"):
+            r, k = resolved[i], ks[j]
+            module = cell_intervention(model, fitting[r], k, intervention, schedule, training.get("loss"))
+            seen, data = scoring[r]
+            values[i, j] = accuracy(model, seen, module, data)
+            trained[labelled[i][0], k] = module
     result = PatchingResult(values, {"site": [label for label, _ in labelled], "k": list(ks)})
     return InterventionSweep(result, trained)
 
 
+def cell_intervention(
+    model: nn.Module,
+    prepared: tuple[Resolved, Batches],
+    k: int | str,
+    make: MakeIntervention | None,
+    schedule: Schedule,
+    loss: Any,
+) -> nn.Module:
+    """The intervention of one cell: the identity for ``k = 0``, the swap for ``"all"``, else one trained."""
+    from .interventions import Interchange, RotatedSubspace
+
+    r, data = prepared
+    width = int(gather(data.source_acts[:1], r.site.positions, r.site.heads, r.n_heads).shape[-1])
+    if k == 0:
+        return Keep()
+    if k == "all" or k == width:
+        return Interchange()
+    module = (make or RotatedSubspace)(width, int(k)).to(data.source_acts.dtype)
+    fit(model, r, module, data, schedule, loss)
+    return module
+
+
+class Keep(nn.Module):
+    """The base's own value (nothing swapped): the floor of a sweep."""
+
+    def forward(self, base: torch.Tensor, source: torch.Tensor) -> torch.Tensor:
+        """``base``."""
+        return base
+
+
 def check_sweep(
-    sites: Sequence[Site] | Mapping[str, Site], ks: Sequence[int], train: Triples, test: Triples, training: Any
+    sites: Sequence[Site] | Mapping[str, Site], ks: Sequence[int | str], train: Triples, test: Triples, training: Any
 ) -> list[tuple[str, Site]]:
     """The sites with their labels, after checking the sweep's arguments."""
     for name, triple in (("train", train), ("test", test)):
         if not isinstance(triple, tuple | list) or len(triple) != 3:
             raise TypeError(f"`{name}` must be a tuple (base, sources, labels); got {type(triple).__name__}")
         check_labels(triple[0], triple[2])
-    if not ks or any(not isinstance(k, int) or k < 0 for k in ks):
-        raise ValueError(f"`ks` must be a non-empty sequence of ints >= 0 (subspace sizes); got {list(ks)!r}")
+    if not ks or any(k != "all" and (not isinstance(k, int) or k < 0) for k in ks):
+        raise ValueError(f"`ks` must be a non-empty sequence of ints >= 0 or 'all' (subspace sizes); got {list(ks)!r}")
     unknown = set(training) - {"epochs", "lr", "batch_size", "seed", "loss"}
     if unknown:
         raise TypeError(f"unknown training settings {sorted(unknown)}: give epochs, lr, batch_size, seed or loss")
@@ -141,12 +180,3 @@ def site_label(site: Site) -> str:
     if site.heads is not None:
         label += " H" + ",".join(map(str, site.heads))
     return label
-
-
-def site_width(model: nn.Module, sources: Any, site: Site) -> int:
-    """The width of the intervened part of ``site`` (its last axis), read from one source item."""
-    model = eager_module(model)
-    r = resolve_site(model, site)
-    with kept_state(model), torch.no_grad():
-        whole = site_activations(model, rows_of(sources, slice(0, 1)), r, 1)
-    return int(gather(whole, site.positions, site.heads, r.n_heads).shape[-1])

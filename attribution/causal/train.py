@@ -11,8 +11,7 @@ import torch
 from torch import nn
 
 from .._run import eager_module, kept_state
-from ..patching.sites import record
-from ._prefix import Prefix, record_prefix, shifted
+from ._data import Batches, prepare
 from .interchange import check_source_shapes, intervening
 from .interventions import BoundlessSubspace
 from .site import Resolved, Site, resolve_site
@@ -66,42 +65,57 @@ def train_intervention(
         FloatingPointError: a loss that is not finite, naming the epoch, the step and the batch's rows.
     """
     model = eager_module(model)
-    n = check_labels(base, labels)
+    check_labels(base, labels)
     r = resolve_site(model, site)
     check_source_shapes(model, base, sources, [r.site])
-    optimizer = torch.optim.Adam([p for p in intervention.parameters() if p.requires_grad], lr=lr)
-    path = Path(checkpoint) if checkpoint is not None else None
-    start, start_temperature = resume(path, intervention, optimizer)
-    steps = -(-n // batch_size)
-    schedule = torch.linspace(start_temperature, 0.1, max(epochs * steps, 1))
     with kept_state(model):
-        for p in model.parameters():
-            p.requires_grad_(False)  # restored by kept_state: no gradient buffers for the model
-        source_acts = site_activations(model, sources, r, batch_size)
-        prefix = record_prefix(model, base, r, batch_size)
-        if prefix is not None:  # every step runs only the suffix after the first intervened position
-            r, source_acts = shifted(r, prefix.length, base.shape[1]), source_acts[:, prefix.length :]
-        data = Batches(base, source_acts, labels, prefix)
-        for epoch in range(start, epochs):
-            order = torch.randperm(n, generator=torch.Generator().manual_seed(seed + epoch))
-            for step in range(steps):
-                rows = order[step * batch_size : (step + 1) * batch_size]
-                if isinstance(intervention, BoundlessSubspace):
-                    intervention.temperature.fill_(float(schedule[epoch * steps + step]))
-                train_step(model, r, intervention, optimizer, data, rows, loss, (epoch, step))
-            if path is not None:
-                save(path, intervention, optimizer, epoch + 1, start_temperature)
+        freeze(model)
+        seen, data = prepare(model, base, sources, labels, [r], batch_size)[r]
+        fit(model, seen, intervention, data, Schedule(epochs, lr, batch_size, seed), loss, checkpoint)
     return intervention
 
 
-@dataclass(frozen=True)
-class Batches:
-    """What every training step draws its rows from."""
+def freeze(model: nn.Module) -> None:
+    """No gradient for the model's parameters (inside ``kept_state``, which restores their flags)."""
+    for p in model.parameters():
+        p.requires_grad_(False)
 
-    base: Any
-    source_acts: torch.Tensor
-    labels: torch.Tensor
-    prefix: Prefix | None
+
+@dataclass(frozen=True)
+class Schedule:
+    """How long and how fast an intervention trains."""
+
+    epochs: int = 1
+    lr: float = 1e-3
+    batch_size: int = 64
+    seed: int = 0
+
+
+def fit(
+    model: nn.Module,
+    r: Resolved,
+    intervention: nn.Module,
+    data: Batches,
+    schedule: Schedule,
+    loss: Loss | None = None,
+    checkpoint: str | Path | None = None,
+) -> None:
+    """Adam on the intervention's parameters over ``data`` (the model frozen by the caller), resumable."""
+    optimizer = torch.optim.Adam([p for p in intervention.parameters() if p.requires_grad], lr=schedule.lr)
+    path = Path(checkpoint) if checkpoint is not None else None
+    start, start_temperature = resume(path, intervention, optimizer)
+    n, size = len(data.labels), schedule.batch_size
+    steps = -(-n // size)
+    temperatures = torch.linspace(start_temperature, 0.1, max(schedule.epochs * steps, 1))
+    for epoch in range(start, schedule.epochs):
+        order = torch.randperm(n, generator=torch.Generator().manual_seed(schedule.seed + epoch))
+        for step in range(steps):
+            rows = order[step * size : (step + 1) * size]
+            if isinstance(intervention, BoundlessSubspace):
+                intervention.temperature.fill_(float(temperatures[epoch * steps + step]))
+            train_step(model, r, intervention, optimizer, data, rows, loss, (epoch, step))
+        if path is not None:
+            save(path, intervention, optimizer, epoch + 1, start_temperature)
 
 
 def train_step(
@@ -116,7 +130,7 @@ def train_step(
 ) -> None:
     """One optimiser step on ``rows``; a loss that is not finite stops training, naming the epoch, step and rows."""
     with torch.enable_grad():
-        value = step_loss(model, r, intervention, rows, data.base, data.source_acts, data.labels, loss, data.prefix)
+        value = step_loss(model, r, intervention, rows, data, loss)
     check_finite(value, where, rows)
     optimizer.zero_grad()
     value.backward()
@@ -142,29 +156,6 @@ def check_labels(base: Any, labels: torch.Tensor) -> int:
     return n
 
 
-def rows_of(inputs: Any, rows: torch.Tensor | slice) -> Any:
-    """The chosen rows of a tensor or of each tensor of a dict."""
-    if isinstance(inputs, Mapping):
-        return {k: v[rows] for k, v in inputs.items()}
-    return inputs[rows]
-
-
-def run(model: nn.Module, inputs: Any) -> Any:
-    """The model on a tensor or on a dict of keyword inputs."""
-    return model(**inputs) if isinstance(inputs, Mapping) else model(inputs)
-
-
-def site_activations(model: nn.Module, sources: Any, r: Resolved, batch_size: int) -> torch.Tensor:
-    """The sources' whole activations at the site, recorded in batches without autograd."""
-    n = len(next(iter(sources.values())) if isinstance(sources, Mapping) else sources)
-    parts = []
-    with record(model, r.name, site=r.site.site, element=r.site.element) as acts, torch.no_grad():
-        for i in range(0, n, batch_size):
-            run(model, rows_of(sources, slice(i, i + batch_size)))
-            parts.append(acts[r.name])
-    return torch.cat(parts)
-
-
 def logits_of(output: Any) -> torch.Tensor:
     """The classes' scores: ``.logits`` or the output, at the last position for ``(batch, T, vocab)``."""
     logits = getattr(output, "logits", output)
@@ -172,22 +163,14 @@ def logits_of(output: Any) -> torch.Tensor:
 
 
 def step_loss(
-    model: nn.Module,
-    r: Resolved,
-    intervention: nn.Module,
-    rows: torch.Tensor,
-    base: Any,
-    source_acts: torch.Tensor,
-    labels: torch.Tensor,
-    loss: Loss | None,
-    prefix: Prefix | None = None,
+    model: nn.Module, r: Resolved, intervention: nn.Module, rows: torch.Tensor, data: Batches, loss: Loss | None
 ) -> torch.Tensor:
     """One batch's loss with the intervention applied (on the cached prefix where there is one)."""
-    with intervening(model, [r], {r.site: source_acts[rows]}, {r.site: intervention}):
-        output = run(model, rows_of(base, rows)) if prefix is None else prefix.run(model, base, rows)
+    with intervening(model, [r], {r.site: data.source_acts[rows]}, {r.site: intervention}):
+        output = data.run(model, rows)
     if loss is not None:
-        return loss(output, labels[rows])
-    return nn.functional.cross_entropy(logits_of(output), labels[rows])
+        return loss(output, data.labels[rows])
+    return nn.functional.cross_entropy(logits_of(output), data.labels[rows])
 
 
 def resume(path: Path | None, intervention: nn.Module, optimizer: torch.optim.Optimizer) -> tuple[int, float]:
@@ -232,11 +215,24 @@ def interchange_intervention_accuracy(
         The accuracy in ``[0, 1]``.
     """
     model = eager_module(model)
-    n = check_labels(base, labels)
+    check_labels(base, labels)
     r = resolve_site(model, site)
     check_source_shapes(model, base, sources, [r.site])
     with kept_state(model), torch.no_grad():
-        source_acts = site_activations(model, sources, r, 256)
-        with intervening(model, [r], {r.site: source_acts}, {r.site: intervention}):
-            predicted = logits_of(run(model, base)).argmax(-1)
-    return float((predicted == labels).sum()) / n
+        seen, data = prepare(model, base, sources, labels, [r], SCORING_BATCH)[r]
+        return accuracy(model, seen, intervention, data)
+
+
+SCORING_BATCH = 256
+
+
+def accuracy(model: nn.Module, r: Resolved, intervention: nn.Module, data: Batches) -> float:
+    """The fraction of ``data``'s rows whose intervened output's argmax is the label (batches of 256, no autograd)."""
+    n = len(data.labels)
+    right = 0
+    with torch.no_grad():
+        for rows in torch.arange(n).split(SCORING_BATCH):
+            with intervening(model, [r], {r.site: data.source_acts[rows]}, {r.site: intervention}):
+                predicted = logits_of(data.run(model, rows)).argmax(-1)
+            right += int((predicted == data.labels[rows]).sum())
+    return right / n

@@ -137,3 +137,51 @@ def test_das_on_a_trained_mlp_finds_the_left_equality_in_the_first_layer():
     # same search reaches only 0.83-0.89 with k = 16 and 0.77-0.95 with k = 4: the variable is linear before it.
     assert das >= 0.9
     assert isinstance(sweep, InterventionSweep)
+
+
+def test_a_sweep_on_a_language_model_equals_one_call_per_cell_and_runs_each_source_and_prefix_once():
+    from attribution.causal import Interchange, interchange_intervention_accuracy, train_intervention
+    from tests.attribution.models import lm64
+
+    model = lm64("llama")
+    g = torch.Generator().manual_seed(5)
+    train = (torch.randint(0, 40, (12, 7), generator=g), torch.randint(0, 40, (12, 7), generator=g))
+    train = (*train, torch.randint(0, 40, (12,), generator=g))
+    test = (torch.randint(0, 40, (9, 7), generator=g), torch.randint(0, 40, (9, 7), generator=g))
+    test = (*test, model(test[1]).logits[:, -1].argmax(-1))  # the source's own answers: full patching scores 1
+    sites = {"L0 @6": Site("model.layers.0", positions=[6]), "L1 @4,6": Site("model.layers.1", positions=[4, 6])}
+
+    def make(width: int, k: int) -> RotatedSubspace:
+        torch.manual_seed(width + k)
+        return RotatedSubspace(width, k).double()
+
+    rows: dict[int, int] = {}  # positions of a run -> rows run at that length
+    hook = model.model.embed_tokens.register_forward_pre_hook(
+        lambda m, args: rows.__setitem__(args[0].shape[1], rows.get(args[0].shape[1], 0) + args[0].shape[0])
+    )
+    try:
+        sweep = intervention_sweep(
+            model, train, test, sites, ks=[0, 2, "all"], intervention=make, epochs=2, lr=0.05, batch_size=5,
+            progress=False,
+        )  # fmt: skip
+    finally:
+        hook.remove()
+    # whole prompts (7): the 12 train and 9 test sources once; prefixes once per first position (6 and 4) and set;
+    # every step and score only the suffix (1 or 3 positions)
+    assert {n: rows[n] for n in (7, 6, 4)} == {7: 21, 6: 21, 4: 21} and set(rows) == {7, 6, 4, 3, 1}
+    for i, site in enumerate(sites.values()):
+        expected = [
+            interchange_intervention_accuracy(model, test[0], test[0], test[2], Interchange(), site),
+            interchange_intervention_accuracy(
+                model, *test, train_intervention(model, *train, make(16, 2), site, epochs=2, lr=0.05, batch_size=5),
+                site,
+            ),
+            interchange_intervention_accuracy(model, *test, Interchange(), site),
+        ]  # fmt: skip
+        assert sweep.iia[i].tolist() == expected
+        torch.testing.assert_close(
+            sweep.interventions[list(sites)[i], 2].rotation,
+            train_intervention(model, *train, make(16, 2), site, epochs=2, lr=0.05, batch_size=5).rotation,
+            rtol=0, atol=1e-12,
+        )  # fmt: skip
+    assert sweep.iia[1, 2] == 1.0  # every position from the source: its own answer
