@@ -165,6 +165,23 @@ def _takes_images(model: nn.Module, x: torch.Tensor) -> bool:
     return getattr(config, "num_channels", None) == channels and hasattr(config, "image_size")
 
 
+def describe(inputs: Any) -> str:
+    """A short description of model inputs for error messages: shapes and dtypes."""
+
+    def one(x: Any) -> str:
+        return f"{tuple(x.shape)} {x.dtype}" if isinstance(x, torch.Tensor) else type(x).__name__
+
+    if isinstance(inputs, Mapping):
+        return "{" + ", ".join(f"{k!r}: {one(v)}" for k, v in inputs.items()) + "}"
+    if isinstance(inputs, (tuple, list)):
+        kind = "list" if isinstance(inputs, list) else "tuple"
+        shown = ", ".join(one(x) for x in inputs[:4]) + (", ..." if len(inputs) > 4 else "")
+        return f"{kind} of {len(inputs)}: [{shown}]"
+    if isinstance(inputs, torch.Tensor):
+        return f"of shape {tuple(inputs.shape)} ({inputs.dtype})"
+    return one(inputs)
+
+
 # -- token ids -------------------------------------------------------------------------------------------------
 def vocab_size(model: nn.Module) -> int:
     """The number of rows of the input embedding (``model.get_input_embeddings()``), else ``config.vocab_size``."""
@@ -223,3 +240,41 @@ def decoder(tokenizer: Any) -> Callable[[int], str]:
     if callable(tokenizer):
         return lambda i: str(tokenizer(i))
     raise TypeError(f"`tokenizer` must be a tokenizer or a function from a token id to text; got {type(tokenizer)}")
+
+
+# -- tensors that are perturbed (the metrics' infidelity and sensitivity, the attacks) --------------------------
+Tensors = tuple[torch.Tensor, ...]
+
+
+def as_tensors(value: Any, what: str) -> Tensors:
+    """A tensor, or a tuple or list of tensors, as a tuple of tensors; anything else is a ``TypeError``."""
+    parts = tuple(value) if isinstance(value, (tuple, list)) else (value,)
+    if not parts or not all(isinstance(p, torch.Tensor) for p in parts):
+        raise TypeError(
+            f"{what} must be a tensor (batch, ...) or a tuple of such tensors (one per model input); got "
+            f"{describe(value)}"
+        )
+    return parts
+
+
+def check_inputs(inputs: Any) -> Tensors:
+    """The model inputs as a tuple of floating-point tensors sharing a non-empty batch axis."""
+    parts = as_tensors(inputs, "`inputs`")
+    for i, part in enumerate(parts):
+        if part.dim() == 0 or not part.is_floating_point():
+            raise TypeError(
+                f"`inputs` must be floating-point tensors with a batch axis, to be perturbed; input {i} is "
+                f"{describe(part)}: convert it with .float(), or close over inputs that are not perturbed in `model`"
+            )
+    batch = parts[0].shape[0]
+    if batch == 0 or any(p.shape[0] != batch for p in parts):
+        raise ValueError(
+            f"`inputs` must share one non-empty batch axis; got {describe(inputs)}: give every tensor the same "
+            "first axis"
+        )
+    return parts
+
+
+def as_given(parts: Tensors, single: bool) -> Any:
+    """The tensors in the form the user gave them: the tensor itself, or the tuple."""
+    return parts[0] if single else parts

@@ -28,7 +28,7 @@ from torch import nn
 
 from hooks import HookGroup, HookManager, resolve
 
-from ._inputs import call
+from ._inputs import call, describe
 
 Threads = Literal["current", "all"]
 Element = int | str | None
@@ -184,23 +184,6 @@ def _inside_reentrant_checkpoint() -> bool:
             return True
         frame = frame.f_back
     return False
-
-
-def describe(inputs: Any) -> str:
-    """A short description of model inputs for error messages: shapes and dtypes."""
-
-    def one(x: Any) -> str:
-        return f"{tuple(x.shape)} {x.dtype}" if isinstance(x, torch.Tensor) else type(x).__name__
-
-    if isinstance(inputs, Mapping):
-        return "{" + ", ".join(f"{k!r}: {one(v)}" for k, v in inputs.items()) + "}"
-    if isinstance(inputs, (tuple, list)):
-        kind = "list" if isinstance(inputs, list) else "tuple"
-        shown = ", ".join(one(x) for x in inputs[:4]) + (", ..." if len(inputs) > 4 else "")
-        return f"{kind} of {len(inputs)}: [{shown}]"
-    if isinstance(inputs, torch.Tensor):
-        return f"of shape {tuple(inputs.shape)} ({inputs.dtype})"
-    return one(inputs)
 
 
 def warn(message: str, category: type[Warning] = UserWarning) -> None:

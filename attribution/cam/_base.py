@@ -14,8 +14,8 @@ from hooks import resolve
 
 from .. import _maps
 from .._diagnose import ZERO_HEAD, items, output_ignores_input
-from .._inputs import batch_size, batched, device_of, image_size
-from .._run import HookedRun, SiteTypeError, describe, did_not_run, eager_module, no_dependence, warn
+from .._inputs import batch_size, batched, describe, device_of, image_size
+from .._run import HookedRun, SiteTypeError, did_not_run, eager_module, no_dependence, warn
 from ..targets import Target, check_target, target_scores
 from . import _math as cm
 

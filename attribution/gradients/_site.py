@@ -18,6 +18,7 @@ from torch import nn
 
 from hooks import HookGroup
 
+from .._results import AttributionsWithDelta
 from .._run import HookedRun, SiteTypeError, SiteValueError, did_not_run, no_dependence, warn
 from ..targets import Target, class_indices, class_logits, target_indices, target_scores
 
@@ -130,6 +131,16 @@ def repeat_target(target: Target, times: int, *, interleave: bool = False) -> Ta
     if index.dim() == 0:
         return index
     return index.repeat_interleave(times) if interleave else index.repeat(times)
+
+
+def with_delta(attributions: torch.Tensor, ends: tuple[Any, Any], target: Target, batch: int) -> AttributionsWithDelta:
+    """The attributions and their completeness delta ``sum(attributions) - (S(x) - S(b))`` per item.
+
+    ``ends`` are the model's outputs for the inputs and for the baselines, ``target`` the resolved target.
+    """
+    gain = target_scores(ends[0], target, batch) - target_scores(ends[1], target, batch)
+    per_item = attributions.reshape(batch, -1).sum(1)
+    return AttributionsWithDelta(attributions, per_item - gain.to(attributions.dtype))
 
 
 def check_inputs(inputs: Any, method: str, model: nn.Module, *, layer: str | None) -> torch.Tensor:

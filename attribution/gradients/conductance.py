@@ -16,10 +16,10 @@ import torch
 from torch import nn
 
 from .._results import AttributionsWithDelta
-from ..targets import Target, check_target, target_scores
+from ..targets import Target, check_target
 from ._base import GradientMethod
-from ._quadrature import check_rule, nodes_and_weights
-from ._site import check_inputs, check_result, layer_outputs, repeat_target, resolved_target, site_gradient
+from ._quadrature import check_rule, integrate, nodes_and_weights, nodes_per_forward, path_chunks
+from ._site import check_inputs, check_result, layer_outputs, repeat_target, resolved_target, site_gradient, with_delta
 from .integrated import Baseline, Method, check_batch_size, expanded_baseline
 
 
@@ -35,11 +35,8 @@ def layer_path(
 ) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
     """``(dF/dy, y)`` at ``layer``, each ``(k, batch, ...)``, on ``start + a (end - start)``, ``per`` a forward."""
     batch = end.shape[0]
-    shape = (-1,) + (1,) * end.dim()
-    for first in range(0, alphas.shape[0], per):
-        a = alphas[first : first + per].to(device=end.device, dtype=end.dtype)
-        k = a.shape[0]
-        path = (start[None] + a.view(shape) * (end - start)[None]).flatten(0, 1)  # step-major: (k * B, ...)
+    for nodes, path in path_chunks(start, end, alphas, per):
+        k = nodes.stop - nodes.start
         run = site_gradient(model, method, path, repeat_target(target, k), layer=layer)
         yield run.grad.view(k, batch, *run.grad.shape[1:]), run.value.view(k, batch, *run.value.shape[1:])
 
@@ -56,11 +53,6 @@ def conductance_sum(steps: Iterator[tuple[torch.Tensor, torch.Tensor]]) -> torch
         last = grad[-1], value[-1]
     assert total is not None
     return total
-
-
-def _per_forward(internal_batch_size: int | None, steps: int, batch: int) -> int:
-    """How many path nodes one forward takes (at least one)."""
-    return steps if internal_batch_size is None else max(1, internal_batch_size // batch)
 
 
 class LayerConductance(GradientMethod):
@@ -133,15 +125,13 @@ class LayerConductance(GradientMethod):
             )
             target = resolved_target(target, ends[0], batch)
         alphas = nodes_and_weights(self.method, self.steps + 1)[0]
-        per = _per_forward(self.internal_batch_size, self.steps + 1, batch)
+        per = nodes_per_forward(self.internal_batch_size, self.steps + 1, batch)
         path = layer_path(self.model, "LayerConductance", self.layer, base, x, alphas, target, per)
         attributions = check_result(conductance_sum(path), "LayerConductance")
         if not return_delta:
             return attributions
         assert ends is not None
-        gain = target_scores(ends[0], target, batch) - target_scores(ends[1], target, batch)
-        per_item = attributions.reshape(batch, -1).sum(1)
-        return AttributionsWithDelta(attributions, per_item - gain.to(attributions.dtype))
+        return with_delta(attributions, ends, target, batch)
 
 
 class InternalInfluence(GradientMethod):
@@ -191,13 +181,12 @@ class InternalInfluence(GradientMethod):
         assert self.layer is not None
         if target is None:
             target = resolved_target(target, layer_outputs(self.model, "InternalInfluence", x, None)[0], batch)
+
+        def gradient(path: torch.Tensor, k: int) -> torch.Tensor:
+            grad = site_gradient(self.model, "InternalInfluence", path, repeat_target(target, k), layer=self.layer).grad
+            return grad.view(k, batch, *grad.shape[1:])
+
         alphas, weights = nodes_and_weights(self.method, self.steps)
-        per = _per_forward(self.internal_batch_size, self.steps, batch)
-        total: torch.Tensor | None = None
-        path = layer_path(self.model, "InternalInfluence", self.layer, base, x, alphas, target, per)
-        for first, (grad, _) in zip(range(0, self.steps, per), path, strict=True):
-            w = weights[first : first + grad.shape[0]].to(device=grad.device, dtype=grad.dtype)
-            part = (grad * w.view((-1,) + (1,) * (grad.dim() - 1))).sum(0)
-            total = part if total is None else total + part
-        assert total is not None
+        per = nodes_per_forward(self.internal_batch_size, self.steps, batch)
+        total = integrate(gradient, base, x, alphas, weights, per)
         return check_result(total, "InternalInfluence")

@@ -9,10 +9,10 @@ import torch
 from torch import nn
 
 from .._results import AttributionsWithDelta
-from ..targets import Target, check_target, target_scores
+from ..targets import Target, check_target
 from ._base import GradientMethod
-from ._quadrature import check_rule, nodes_and_weights
-from ._site import check_inputs, check_result, layer_outputs, repeat_target, resolved_target, site_gradient
+from ._quadrature import check_rule, integrate, nodes_and_weights, nodes_per_forward
+from ._site import check_inputs, check_result, layer_outputs, repeat_target, resolved_target, site_gradient, with_delta
 
 Baseline = None | float | torch.Tensor | Callable[[torch.Tensor], torch.Tensor]
 Method = Literal["gausslegendre", "riemann_left", "riemann_right", "riemann_middle", "riemann_trapezoid"]
@@ -106,22 +106,12 @@ class IntegratedGradients(GradientMethod):
         if not return_delta:
             return attributions
         assert ends is not None
-        gain = target_scores(ends[0], target, batch) - target_scores(ends[1], target, batch)
-        per_item = attributions.reshape(batch, -1).sum(1)
-        return AttributionsWithDelta(attributions, per_item - gain.to(attributions.dtype))
+        return with_delta(attributions, ends, target, batch)
 
     def _integral(self, x: torch.Tensor, start: torch.Tensor, end: torch.Tensor, target: Target) -> torch.Tensor:
         """``sum_k w_k dS/ds (start + a_k (end - start))``, in chunks of steps."""
-        alphas, weights = nodes_and_weights(self.method, self.steps)
-        alphas, weights = alphas.to(end.dtype), weights.to(end.dtype)
-        batch = x.shape[0]
-        per = self.steps if self.internal_batch_size is None else max(1, self.internal_batch_size // batch)
-        total = torch.zeros_like(end)
-        shape = (-1,) + (1,) * end.dim()
-        for first in range(0, self.steps, per):
-            a, w = alphas[first : first + per].to(end.device), weights[first : first + per].to(end.device)
-            k = a.shape[0]
-            path = (start[None] + a.view(shape) * (end - start)[None]).flatten(0, 1)  # step-major: (k * B, ...)
+
+        def gradient(path: torch.Tensor, k: int) -> torch.Tensor:
             tgt = repeat_target(target, k)
             if self.layer is None:
                 grad = site_gradient(self.model, "IntegratedGradients", path, tgt).grad
@@ -129,8 +119,11 @@ class IntegratedGradients(GradientMethod):
                 repeated = x.repeat(k, *([1] * (x.dim() - 1)))
                 run = site_gradient(self.model, "IntegratedGradients", repeated, tgt, layer=self.layer, value=path)
                 grad = run.grad
-            total += (grad.view(k, *end.shape) * w.view(shape)).sum(0)
-        return total
+            return grad.view(k, *end.shape)
+
+        alphas, weights = nodes_and_weights(self.method, self.steps)
+        per = nodes_per_forward(self.internal_batch_size, self.steps, x.shape[0])
+        return integrate(gradient, start, end, alphas, weights, per)
 
     def _baseline(self, x: torch.Tensor) -> torch.Tensor:
         """The baseline, expanded to the shape of ``x`` (checked)."""

@@ -14,7 +14,7 @@ from torch import nn
 
 from ..targets import Target, check_target
 from ._base import GradientMethod
-from ._quadrature import check_rule, nodes_and_weights
+from ._quadrature import check_rule, integrate, nodes_and_weights, nodes_per_forward
 from ._site import check_inputs, check_result, layer_outputs, repeat_target, resolved_target, site_gradient
 from .integrated import Baseline, Method, check_batch_size, expanded_baseline
 from .neuron import Neuron, neuron_input_gradient, neuron_scores
@@ -24,24 +24,19 @@ def path_integral(
     m: NeuronConductance | NeuronIntegratedGradients, name: str, x: torch.Tensor, neuron: Neuron, target: Target
 ) -> torch.Tensor:
     """``[(x - b)] sum_k w_k [dF/dy_n(x_k)] dy_n/dx(x_k)``: the bracketed factors as ``m`` says (a conductance)."""
-    base = expanded_baseline(m.baseline, x)
-    alphas, weights = nodes_and_weights(m.method, m.steps)
-    alphas, weights = alphas.to(device=x.device, dtype=x.dtype), weights.to(device=x.device, dtype=x.dtype)
-    batch = x.shape[0]
-    per = m.steps if m.internal_batch_size is None else max(1, m.internal_batch_size // batch)
-    shape = (-1,) + (1,) * x.dim()
-    total = torch.zeros_like(x)
     assert m.layer is not None
-    for first in range(0, m.steps, per):
-        a, w = alphas[first : first + per], weights[first : first + per]
-        k = a.shape[0]
-        path = (base[None] + a.view(shape) * (x - base)[None]).flatten(0, 1)  # step-major: (k * B, ...)
+    layer = m.layer
+
+    def gradient(path: torch.Tensor, k: int) -> torch.Tensor:
         scale = None
         if isinstance(m, NeuronConductance):  # the target's gradient at the neuron weighs each row
-            at_layer = site_gradient(m.model, name, path, repeat_target(target, k), layer=m.layer).grad
+            at_layer = site_gradient(m.model, name, path, repeat_target(target, k), layer=layer).grad
             scale = neuron_scores(at_layer, neuron).detach()
-        grad = neuron_input_gradient(m.model, name, m.layer, path, neuron, scale)
-        total += (grad.view(k, *x.shape) * w.view(shape)).sum(0)
+        return neuron_input_gradient(m.model, name, layer, path, neuron, scale).view(k, *x.shape)
+
+    base = expanded_baseline(m.baseline, x)
+    alphas, weights = nodes_and_weights(m.method, m.steps)
+    total = integrate(gradient, base, x, alphas, weights, nodes_per_forward(m.internal_batch_size, m.steps, len(x)))
     return check_result(total * (x - base) if m.multiply_by_inputs else total, name)
 
 

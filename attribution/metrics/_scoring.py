@@ -20,10 +20,10 @@ from torch import nn
 
 from hooks import map_tensors
 
-from .._inputs import batched, call, find_images, is_image_list
+from .._inputs import batched, call, describe, find_images, is_image_list
 from .._maps import at_least_float32
 from .._progress import progress as progress_bar
-from .._run import describe, kept_state, warn
+from .._run import kept_state, warn
 from ..targets import Target, check_target, class_indices, class_logits, target_scores
 from ._similarity import constant_items
 

@@ -8,11 +8,10 @@ from typing import Any
 import torch
 from torch import nn
 
-from .._inputs import call
+from .._inputs import Tensors, as_given, as_tensors, call, check_inputs, describe
 from .._maps import at_least_float32
-from .._run import describe
 from ..targets import Target, check_target, class_indices, class_logits, target_scores
-from ._expand import Tensors, as_given, as_tensors, check_inputs, expand_target, repeat
+from ._expand import expand_target, repeat
 from ._explanation import attribution_dots, chunk_sizes, infidelity_sums, infidelity_value
 from ._scoring import observing
 

@@ -8,10 +8,11 @@ from typing import Any
 
 import torch
 
+from .._inputs import as_given, as_tensors, check_inputs, describe
 from .._maps import at_least_float32
-from .._run import describe, warn
+from .._run import warn
 from ..targets import Target, check_target
-from ._expand import as_given, as_tensors, check_inputs, expand_target
+from ._expand import expand_target
 from ._explanation import Norm, check_norm, chunk_sizes, relative_changes, uniform_noise
 
 Method = Callable[..., Any]

@@ -9,10 +9,9 @@ from typing import Any
 import torch
 from torch import nn
 
-from .._inputs import call
-from .._run import describe, kept_state
+from .._inputs import Tensors, as_given, as_tensors, call, check_inputs, describe
+from .._run import kept_state
 from ..targets import Target, check_target, class_indices, class_logits, target_indices, target_scores
-from ._inputs import Tensors, as_given, as_tensors, check_inputs
 from ._math import NORMS, project, sign_step
 from ._math import random_start as random_point
 
