@@ -10,6 +10,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from .._progress import progress as progress_bar
 from .._run import eager_module, kept_state
 from ._data import Batches, prepare
 from .interchange import check_source_shapes, intervening
@@ -33,6 +34,7 @@ def train_intervention(
     batch_size: int = 64,
     seed: int = 0,
     checkpoint: str | Path | None = None,
+    progress: bool = True,
 ) -> nn.Module:
     """Train ``intervention`` at ``site`` so that the intervened model outputs ``labels`` (DAS, Geiger et al. 2023).
 
@@ -57,6 +59,7 @@ def train_intervention(
         batch_size: items per step.
         seed: the shuffling's seed (epoch ``e`` uses ``seed + e``).
         checkpoint: a file written after every epoch; a new call with the same arguments resumes from it.
+        progress: a progress bar over the epochs (shown on a terminal after a second).
 
     Returns:
         ``intervention``, trained.
@@ -71,7 +74,7 @@ def train_intervention(
     with kept_state(model):
         freeze(model)
         seen, data = prepare(model, base, sources, labels, [r], batch_size)[r]
-        fit(model, seen, intervention, data, Schedule(epochs, lr, batch_size, seed), loss, checkpoint)
+        fit(model, seen, intervention, data, Schedule(epochs, lr, batch_size, seed), loss, checkpoint, progress)
     return intervention
 
 
@@ -99,6 +102,7 @@ def fit(
     schedule: Schedule,
     loss: Loss | None = None,
     checkpoint: str | Path | None = None,
+    progress: bool = False,
 ) -> None:
     """Adam on the intervention's parameters over ``data`` (the model frozen by the caller), resumable."""
     optimizer = torch.optim.Adam([p for p in intervention.parameters() if p.requires_grad], lr=schedule.lr)
@@ -107,7 +111,7 @@ def fit(
     n, size = len(data.labels), schedule.batch_size
     steps = -(-n // size)
     temperatures = torch.linspace(start_temperature, 0.1, max(schedule.epochs * steps, 1))
-    for epoch in range(start, schedule.epochs):
+    for epoch in progress_bar(range(start, schedule.epochs), desc="training the intervention", enabled=progress):
         order = torch.randperm(n, generator=torch.Generator().manual_seed(schedule.seed + epoch))
         for step in range(steps):
             rows = order[step * size : (step + 1) * size]
