@@ -234,6 +234,16 @@ def test_the_model_is_left_as_found_also_on_errors() -> None:
     check()
 
 
+def test_the_hessian_is_taken_in_eval_mode() -> None:
+    """Dropout in a model left in train mode: the products run in eval mode, so two fits give the same eigenpairs."""
+    model, (x, y) = _classifier()
+    model = nn.Sequential(model[0], nn.Dropout(0.5), *model[1:]).train()
+    first, again = (
+        InfluenceFunction(model, CE, method="arnoldi", arnoldi_dim=10, projection_dim=4).fit((x, y)) for _ in range(2)
+    )
+    assert torch.equal(first.state["eigenvalues"], again.state["eigenvalues"]) and model.training
+
+
 def test_bad_settings_and_sources_get_clear_errors() -> None:
     model, (x, y) = _classifier()
     with pytest.raises(ValueError, match=r"`projection_dim` \(60\) must be at most `arnoldi_dim` \(50\)"):
