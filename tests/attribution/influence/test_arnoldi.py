@@ -112,7 +112,7 @@ def test_the_restricted_matrix_is_the_projection_of_the_operator() -> None:
 @pytest.mark.parametrize("damping", [0.5, None])
 def test_equals_exact_when_the_krylov_space_is_the_whole_parameter_space(damping: float | None) -> None:
     """26 parameters, arnoldi_dim 30: the space closes at 26 and every eigenpair is kept (default damping included:
-    the mean of the kept eigenvalues is then the mean of all)."""
+    the mean of the kept eigenvalues is then the mean of all). 2e-14 relative here."""
     model, data = _regression()
     exact = InfluenceFunction(model, squared_error, method="exact", damping=damping).fit(data)
     ours = InfluenceFunction(model, squared_error, method="arnoldi", damping=damping, arnoldi_dim=30, projection_dim=30)
@@ -124,12 +124,12 @@ def test_equals_exact_when_the_krylov_space_is_the_whole_parameter_space(damping
 
 
 def test_the_top_eigenpairs_are_those_of_the_explicit_hessian() -> None:
-    """30 Arnoldi steps on 75 parameters: the 5 largest eigenvalues (46 to 0.61 here) agree to 1e-9 relative."""
+    """30 Arnoldi steps on 75 parameters: the 5 largest eigenvalues (0.21 to 0.047) agree to 4e-15 relative here."""
     model, data = _classifier()
     hessian = _explicit_hessian(model, lambda out, batch: CE(out, batch[1]), data)
     values, vectors = torch.linalg.eigh(hessian)
     ours = InfluenceFunction(model, CE, method="arnoldi", arnoldi_dim=30, projection_dim=5).fit(data)
-    torch.testing.assert_close(ours.state["eigenvalues"], values.flip(0)[:5], rtol=1e-9, atol=0)
+    torch.testing.assert_close(ours.state["eigenvalues"], values.flip(0)[:5], rtol=1e-11, atol=0)
     overlaps = (ours.state["eigenvectors"].T @ vectors.flip(1)[:, :5]).abs()
     torch.testing.assert_close(overlaps, torch.eye(5, dtype=torch.float64), rtol=0, atol=1e-6)
 
