@@ -1,4 +1,4 @@
-"""Influence functions: ``g_test^T (H + lambda I)^-1 g_train`` with the curvature exact, diagonal, K-FAC or EK-FAC."""
+"""Influence functions: ``g_test^T (H + lambda I)^-1 g_train``, the curvature exact, diagonal, (EK-)FAC or Arnoldi."""
 
 from __future__ import annotations
 
@@ -13,14 +13,15 @@ from hooks import ModuleTarget
 
 from .._progress import progress
 from . import _curvature as cv
+from ._arnoldi import arnoldi, check_dimensions, top_eigenpairs
 from ._batches import Loss, batches, check_loss, labels_of, per_example_losses
-from ._exact import exact_hessian
+from ._exact import exact_hessian, hessian_vector_products
 from ._fisher import SampleLabels, check_fisher, fisher_batch
 from ._kronecker import from_block, has_block, input_rows, output_rows, to_block
 from ._signals import hooked_signals
 from .gradients import per_example_gradients, select_modules
 
-METHODS = ("identity", "diagonal", "kfac", "ekfac", "exact")
+METHODS = ("identity", "diagonal", "kfac", "ekfac", "exact", "arnoldi")
 
 
 class InfluenceFunction:
@@ -36,23 +37,29 @@ class InfluenceFunction:
     - ``"ekfac"``: K-FAC's eigenbases with the eigenvalues refit to ``E[(Q_S^T G Q_A)^2]`` (George et al. 2018,
       Grosse et al. 2023).
     - ``"exact"``: the Hessian of the mean training loss over all chosen parameters jointly (small models).
+    - ``"arnoldi"``: that Hessian's ``projection_dim`` largest eigenpairs, found by ``arnoldi_dim`` steps of Arnoldi
+      iteration on Hessian-vector products from a random start drawn with ``seed`` (Schioppa et al. 2022,
+      https://arxiv.org/abs/2112.03052, captum's ``ArnoldiInfluenceFunction``); ``P`` is the damped inverse in
+      their span and zero outside it.
 
     K-FAC and EK-FAC take the modules whose parameters form one Kronecker block (``nn.Linear``, HuggingFace
     ``Conv1D``, ``nn.Conv1d``/``nn.Conv2d`` with ``groups=1``); the others any module :func:`per_example_gradients`
     handles. ``damping=None`` is 0.1 times the mean eigenvalue of each module's curvature (of the whole Hessian for
-    ``"exact"``), as Kronfluence sets it.
+    ``"exact"``, of the kept eigenvalues for ``"arnoldi"``), as Kronfluence sets it.
 
     Args:
         model: the trained model.
         loss: per-example loss, as :func:`per_example_gradients` takes it.
         modules: names, globs or modules; default every supported module with trainable parameters.
-        method: one of ``"identity"``, ``"diagonal"``, ``"kfac"``, ``"ekfac"``, ``"exact"``.
+        method: one of ``"identity"``, ``"diagonal"``, ``"kfac"``, ``"ekfac"``, ``"exact"``, ``"arnoldi"``.
         damping: added to every eigenvalue (to the diagonal, to the Hessian); ``None``: 0.1 x the mean eigenvalue.
         fisher: ``"sampled"`` (labels drawn from the model, see the docs page) or
             ``"empirical"`` (the true labels) for the diagonal, K-FAC and EK-FAC curvature.
         sample_labels: ``(outputs, batch, generator) -> labels`` for a loss whose distribution is not known.
-        seed: the seed of the sampled labels.
+        seed: the seed of the sampled labels, and of Arnoldi's start vector.
         progress: progress bars over the batches of long passes (shown on a terminal after a second).
+        arnoldi_dim: the Krylov space's dimension (Hessian-vector products, each one pass over ``train``).
+        projection_dim: how many of the largest eigenpairs ``"arnoldi"`` keeps (at most ``arnoldi_dim``).
 
     Example:
         >>> import torch
@@ -75,12 +82,16 @@ class InfluenceFunction:
         sample_labels: SampleLabels | None = None,
         seed: int = 0,
         progress: bool = True,
+        arnoldi_dim: int = 200,
+        projection_dim: int = 50,
     ) -> None:
         if method not in METHODS:
             raise ValueError(f"`method` must be one of {METHODS}; got {method!r}")
         check_loss(loss)
         if method in ("diagonal", "kfac", "ekfac"):
             check_fisher(fisher, loss, sample_labels)
+        check_dimensions(arnoldi_dim, projection_dim)
+        self.arnoldi_dim, self.projection_dim = arnoldi_dim, projection_dim
         self.model, self.loss, self.modules, self.method = model, loss, modules, method
         self.damping, self.fisher, self.sample_labels, self.seed = damping, fisher, sample_labels, seed
         self.progress = progress
@@ -112,6 +123,8 @@ class InfluenceFunction:
         elif self.method == "exact":
             hessian = exact_hessian(self.model, train, self.loss, self._parameters())
             self.state = {"inverse": self._damped_inverse(hessian)}
+        elif self.method == "arnoldi":
+            self.state = self._arnoldi(train)
         self.state["fitted"] = torch.ones(())
         return self
 
@@ -183,13 +196,34 @@ class InfluenceFunction:
 
     def _damped_inverse(self, hessian: Tensor) -> Tensor:
         values, vectors = torch.linalg.eigh(hessian)
+        damping = self._eigen_damping(values)
+        return vectors @ torch.diag(1 / (values + damping)) @ vectors.T
+
+    def _eigen_damping(self, values: Tensor) -> Tensor | float:
+        """The damping added to the Hessian's (kept) eigenvalues, checked to make them all positive."""
         damping = self.damping if self.damping is not None else cv.default_damping(values)
         if (values + damping <= 0).any():
+            hint = " or lower `projection_dim`" if self.method == "arnoldi" else ""
             raise ValueError(
                 f"the damped Hessian is not positive definite (smallest eigenvalue {values.min().item():.3g}, damping "
-                f"{float(damping):.3g}): the model is not at a minimum of the training loss; raise `damping`"
+                f"{float(damping):.3g}): the model is not at a minimum of the training loss; raise `damping`{hint}"
             )
-        return vectors @ torch.diag(1 / (values + damping)) @ vectors.T
+        return damping
+
+    def _arnoldi(self, train: Any) -> dict[str, Tensor]:
+        """The top eigenpairs of the Hessian of the mean training loss, by Arnoldi iteration on its products."""
+        params = self._parameters()
+        hvp = hessian_vector_products(self.model, train, self.loss, params)
+        generator = torch.Generator().manual_seed(self.seed)  # captum's start: randn per parameter, in order
+        start = torch.cat([torch.randn(p.shape, generator=generator, dtype=p.dtype).flatten() for _, p in params])
+
+        def loop(steps: Any) -> Any:
+            return progress(steps, desc="Arnoldi iteration", enabled=self.progress, total=self.arnoldi_dim)
+
+        basis, restricted = arnoldi(hvp, start.to(params[0][1].device), self.arnoldi_dim, loop=loop)
+        values, vectors = top_eigenpairs(basis, restricted, self.projection_dim)
+        self._eigen_damping(values)  # refuse a Hessian the damping leaves indefinite now, not when scoring
+        return {"eigenvalues": values, "eigenvectors": vectors}
 
     # -- scoring -------------------------------------------------------------------------------------------------
     def preconditioned(self, batch: Any) -> Tensor:
@@ -207,6 +241,9 @@ class InfluenceFunction:
         if self.method == "diagonal":
             grads = {name: self._diagonal_precondition(name, g) for name, g in grads.items()}
         flat = torch.cat([g.flatten(1) for g in grads.values()], dim=1)
+        if self.method == "arnoldi":
+            values, vectors = self.state["eigenvalues"], self.state["eigenvectors"]
+            return (flat @ vectors) / (values + self._eigen_damping(values)) @ vectors.T
         return flat @ self.state["inverse"] if self.method == "exact" else flat
 
     def _diagonal_precondition(self, name: str, g: Tensor) -> Tensor:
@@ -245,6 +282,7 @@ class InfluenceFunction:
     def save(self, path: str | Path) -> None:
         """Write the fitted curvature and the settings to ``path`` (``torch.save``, written atomically)."""
         settings = {"method": self.method, "damping": self.damping, "fisher": self.fisher, "seed": self.seed}
+        settings.update(arnoldi_dim=self.arnoldi_dim, projection_dim=self.projection_dim)
         target = Path(path)
         partial = target.with_name(target.name + ".partial")
         torch.save({"settings": settings, "state": self.state, "modules": [n for n, _ in self.chosen]}, partial)
@@ -255,8 +293,16 @@ class InfluenceFunction:
         """An :class:`InfluenceFunction` with the curvature :meth:`save` wrote, for ``model``."""
         saved = torch.load(path, weights_only=True)
         settings = saved["settings"]
+        dims = {key: settings[key] for key in ("arnoldi_dim", "projection_dim") if key in settings}
         made = cls(
-            model, loss, modules, settings["method"], settings["damping"], settings["fisher"], seed=settings["seed"]
+            model,
+            loss,
+            modules,
+            settings["method"],
+            settings["damping"],
+            settings["fisher"],
+            seed=settings["seed"],
+            **dims,
         )
         if [n for n, _ in made.chosen] != saved["modules"]:
             raise ValueError(
