@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -11,16 +11,20 @@ from torch import Tensor, nn
 
 from hooks import ModuleTarget
 
+from .. import _distributed as dist
 from .._progress import progress
+from ..datasets import model_digest
 from . import _curvature as cv
 from ._arnoldi import arnoldi, check_dimensions, top_eigenpairs
 from ._batches import Loss, batches, check_loss, labels_of, per_example_losses
 from ._exact import exact_hessian, hessian_vector_products
 from ._fisher import SampleLabels, check_fisher, fisher_batch
 from ._kronecker import from_block, has_block, input_rows, output_rows, to_block
+from ._passes import BatchSums, Checkpoint, accumulate, batch_digest, check_digests
 from ._signals import hooked_signals
 from .gradients import per_example_gradients, select_modules
 
+Finish = Callable[[dict[str, Tensor]], dict[str, Tensor]]
 METHODS = ("identity", "diagonal", "kfac", "ekfac", "exact", "arnoldi")
 
 
@@ -97,6 +101,8 @@ class InfluenceFunction:
         self.progress = progress
         self.chosen = self._chosen()
         self.state: dict[str, Tensor] = {}
+        self.train_digests: list[str] = []
+        self._source: Any = None
 
     def _chosen(self) -> list[tuple[str, nn.Module]]:
         chosen = select_modules(self.model, self.modules)
@@ -111,22 +117,65 @@ class InfluenceFunction:
         return chosen
 
     # -- fitting -------------------------------------------------------------------------------------------------
-    def fit(self, train: Any) -> InfluenceFunction:
-        """Estimate the curvature on ``train`` (a batch or a DataLoader of batches); returns ``self``."""
-        generator = torch.Generator().manual_seed(self.seed)
-        if self.method == "diagonal":
-            self.state = self._diagonal(train, generator)
-        elif self.method in ("kfac", "ekfac"):
-            self.state = self._factors(train, generator)
-            if self.method == "ekfac":
-                self.state.update(self._refit(train, torch.Generator().manual_seed(self.seed + 1)))
-        elif self.method == "exact":
+    def fit(
+        self, train: Any, checkpoint: str | Path | None = None, checkpoint_every: float = 60.0
+    ) -> InfluenceFunction:
+        """Estimate the curvature on ``train`` (a batch or a DataLoader of batches); returns ``self``.
+
+        Under ``torchrun`` every process passes the whole source and computes its share of the batches; the sums
+        are added over the processes (the diagonal, K-FAC and EK-FAC passes). ``checkpoint``: a file written at most
+        every ``checkpoint_every`` seconds and after each pass (one per process under torchrun); a fit killed
+        before the end and called again with the same arguments resumes from it, to the same factors bitwise. It
+        applies to the diagonal, K-FAC and EK-FAC (the exact and Arnoldi fits hold no running sums).
+        """
+        if checkpoint is not None and self.method not in ("diagonal", "kfac", "ekfac"):
+            raise ValueError(f"`checkpoint` applies to the diagonal, K-FAC and EK-FAC fits, not method={self.method!r}")
+        saver = Checkpoint(checkpoint, self._settings(), checkpoint_every) if checkpoint is not None else None
+        saved = saver.load() if saver is not None else {"finished": {}, "running": None}
+        self.state, digests = {}, []
+        for stage, (what, sums, finish) in enumerate(self._passes()):
+            if stage in saved["finished"]:
+                done = saved["finished"][stage]
+                self.state.update(done["state"])
+                digests = done["digests"]
+                continue
+            totals, digests = accumulate(
+                train, stage, sums, seed=self.seed, what=what, show=self.progress, checkpoint=saver, saved=saved
+            )
+            self.state.update(finish(totals))
+            saved["finished"][stage] = {"state": {k: v for k, v in self.state.items()}, "digests": digests}
+            if saver is not None:
+                saver.save({"finished": saved["finished"], "running": None}, force=True)
+        if self.method == "exact":
             hessian = exact_hessian(self.model, train, self.loss, self._parameters())
             self.state = {"inverse": self._damped_inverse(hessian)}
         elif self.method == "arnoldi":
             self.state = self._arnoldi(train)
         self.state["fitted"] = torch.ones(())
+        self.train_digests, self._source = digests, train
         return self
+
+    def _settings(self) -> dict[str, Any]:
+        """What a checkpoint must have been written with."""
+        return {
+            "method": self.method,
+            "damping": self.damping,
+            "fisher": self.fisher,
+            "seed": self.seed,
+            "modules": [n for n, _ in self.chosen],
+            "model": model_digest(self.model),
+        }
+
+    def _passes(self) -> list[tuple[str, BatchSums, Finish]]:
+        """The fit's passes: what each sums per batch and how its sums become state."""
+        if self.method == "diagonal":
+            return [("diagonal Fisher", self._diagonal_sums, self._diagonal)]
+        if self.method in ("kfac", "ekfac"):
+            passes: list[tuple[str, BatchSums, Finish]] = [("K-FAC factors", self._factor_sums, self._factors)]
+            if self.method == "ekfac":
+                passes.append(("EK-FAC eigenvalues", self._refit_sums, self._refit))
+            return passes
+        return []
 
     def _fisher_loss(self, generator: torch.Generator) -> Loss:
         """The per-example loss at the Fisher's labels (the true ones, or drawn from the model per call)."""
@@ -138,49 +187,56 @@ class InfluenceFunction:
 
         return at_fisher_labels
 
-    def _diagonal(self, train: Any, generator: torch.Generator) -> dict[str, Tensor]:
-        total: dict[str, Tensor] = {}
-        count = 0
-        for batch in self._batches(train, "diagonal Fisher"):
-            grads = per_example_gradients(self.model, batch, self._fisher_loss(generator), self.modules)
-            for name, g in grads.items():
-                total[name] = total.get(name, 0) + (g**2).sum(0)
-            count += labels_of(batch).shape[0]
-        return {f"diagonal/{name}": value / count for name, value in total.items()}
+    def _diagonal_sums(self, batch: Any, generator: torch.Generator) -> dict[str, Tensor]:
+        grads = per_example_gradients(self.model, batch, self._fisher_loss(generator), self.modules)
+        count = torch.tensor(labels_of(batch).shape[0], dtype=torch.float64)
+        return {"count": count, **{f"diagonal/{name}": (g**2).sum(0) for name, g in grads.items()}}
 
-    def _factors(self, train: Any, generator: torch.Generator) -> dict[str, Tensor]:
-        """Pass 1: ``A`` and ``S`` per module, then their eigenbases."""
-        sums: dict[str, list[Tensor]] = {}
-        positions: dict[str, int] = {}
-        examples = 0
+    @staticmethod
+    def _diagonal(totals: dict[str, Tensor]) -> dict[str, Tensor]:
+        count = totals.pop("count")
+        return {key: value / count.to(value.dtype) for key, value in totals.items()}
+
+    def _factor_sums(self, batch: Any, generator: torch.Generator) -> dict[str, Tensor]:
+        """Per batch: ``sum a a^T``, ``sum_t delta delta^T`` and the positions per module, and the examples."""
+        sums: dict[str, Tensor] = {}
         by_id = {id(m): name for name, m in self.chosen}
 
         def on_signal(module: nn.Module, a: Tensor, delta: Tensor) -> None:
             name = by_id[id(module)]
             rows_a, rows_s = input_rows(module, a), output_rows(module, delta)
-            pair = [cv.second_moment(rows_a), torch.einsum("bto,btp->op", rows_s, rows_s)]
-            sums[name] = [s + p for s, p in zip(sums[name], pair, strict=True)] if name in sums else pair
-            positions[name] = positions.get(name, 0) + rows_a.shape[0] * rows_a.shape[1]
+            pair = {f"a/{name}": cv.second_moment(rows_a), f"s/{name}": torch.einsum("bto,btp->op", rows_s, rows_s)}
+            pair[f"positions/{name}"] = torch.tensor(rows_a.shape[0] * rows_a.shape[1], dtype=torch.float64)
+            for key, value in pair.items():
+                sums[key] = sums[key] + value if key in sums else value
 
-        for batch in self._batches(train, "K-FAC factors"):
-            hooked_signals(self.model, batch, self._fisher_loss(generator), self.chosen, on_signal)
-            examples += labels_of(batch).shape[0]
+        hooked_signals(self.model, batch, self._fisher_loss(generator), self.chosen, on_signal)
+        return {"count": torch.tensor(labels_of(batch).shape[0], dtype=torch.float64), **sums}
+
+    def _factors(self, totals: dict[str, Tensor]) -> dict[str, Tensor]:
+        """Pass 1's end: ``A`` and ``S`` per module, then their eigenbases."""
         state: dict[str, Tensor] = {}
-        for name, (big_a, big_s) in sums.items():
-            (l_a, q_a), (l_s, q_s) = cv.eigenbasis(big_a / positions[name]), cv.eigenbasis(big_s / examples)
+        examples = totals["count"]
+        for name, _ in self.chosen:
+            big_a, big_s = totals[f"a/{name}"], totals[f"s/{name}"]
+            positions = totals[f"positions/{name}"].to(big_a.dtype)
+            (l_a, q_a), (l_s, q_s) = cv.eigenbasis(big_a / positions), cv.eigenbasis(big_s / examples.to(big_s.dtype))
             state.update({f"q_a/{name}": q_a, f"q_s/{name}": q_s, f"lambda/{name}": cv.kfac_eigenvalues(l_s, l_a)})
         return state
 
-    def _refit(self, train: Any, generator: torch.Generator) -> dict[str, Tensor]:
-        """Pass 2 (EK-FAC): the eigenvalues refit as the mean squared rotated per-example gradient."""
-        sums: dict[str, Tensor] = {}
-        count = 0
-        for batch in self._batches(train, "EK-FAC eigenvalues"):
-            for name, _, block in self._blocks(batch, self._fisher_loss(generator)):
-                rotated = cv.rotate(block, self.state[f"q_s/{name}"], self.state[f"q_a/{name}"])
-                sums[name] = sums.get(name, 0) + (rotated**2).sum(0)
-            count += labels_of(batch).shape[0]
-        return {f"lambda/{name}": value / count for name, value in sums.items()}
+    def _refit_sums(self, batch: Any, generator: torch.Generator) -> dict[str, Tensor]:
+        """Pass 2 (EK-FAC) per batch: the squared rotated per-example gradients, summed."""
+        sums = {"count": torch.tensor(labels_of(batch).shape[0], dtype=torch.float64)}
+        for name, _, block in self._blocks(batch, self._fisher_loss(generator)):
+            rotated = cv.rotate(block, self.state[f"q_s/{name}"], self.state[f"q_a/{name}"])
+            sums[f"lambda/{name}"] = (rotated**2).sum(0)
+        return sums
+
+    @staticmethod
+    def _refit(totals: dict[str, Tensor]) -> dict[str, Tensor]:
+        """Pass 2's end: the eigenvalues refit as the mean squared rotated per-example gradient."""
+        count = totals.pop("count")
+        return {key: value / count.to(value.dtype) for key, value in totals.items()}
 
     def _blocks(self, batch: Any, loss: Loss) -> Iterator[tuple[str, nn.Module, Tensor]]:
         """Each chosen module's per-example gradient as a block ``(batch, d_out, d_in)``."""
@@ -259,12 +315,40 @@ class InfluenceFunction:
     def scores(self, test: Any, train: Any) -> Tensor:
         """``(n_test, n_train)``: ``g_test^T P g_train`` (positive: training on the example lowers the test loss)."""
         left = torch.cat([self.preconditioned(batch) for batch in batches(test)])
-        return torch.cat([left @ self.gradients(batch).T for batch in self._batches(train, "influence scores")], dim=1)
+        return self._by_training_example(train, "influence scores", lambda b: left @ self.gradients(b).T)
 
     def self_influence(self, train: Any) -> Tensor:
         """``(n_train,)``: ``g^T P g`` of each training example with itself."""
-        rows = self._batches(train, "self-influence")
-        return torch.cat([(self.preconditioned(b) * self.gradients(b)).sum(1) for b in rows])
+        return self._by_training_example(
+            train, "self-influence", lambda b: (self.preconditioned(b) * self.gradients(b)).sum(1)
+        )
+
+    def _by_training_example(self, train: Any, what: str, columns: Any) -> Tensor:
+        """``columns(batch)`` of every training batch side by side on the last axis.
+
+        Under ``torchrun`` each process computes its share of the batches (``i % world == rank``) and the others'
+        columns are added in from the other processes, so every process returns the whole result. The source the
+        fit read must give the same batches again (checked against the fit's fingerprints as it goes).
+        """
+        rank, world = dist.setup()
+        fitted = self._source is train and bool(self.train_digests)
+        own: dict[int, Tensor] = {}
+        sizes: list[int] = []
+        digests: list[str] = []
+        for index, batch in enumerate(self._batches(train, what)):
+            if fitted:
+                digests.append(batch_digest(batch))
+                check_digests(digests, self.train_digests, index)
+            sizes.append(labels_of(batch).shape[0])
+            if index % world == rank:
+                own[index] = columns(batch)
+        if fitted and len(digests) != len(self.train_digests):
+            check_digests([*digests, ""], self.train_digests, len(digests))  # fewer or more batches than the fit's
+        if len(sizes) < world:
+            raise ValueError(f"{len(sizes)} training batches for {world} processes: each process needs one at least")
+        template = own[rank]
+        parts = [own[i] if i in own else template.new_zeros(*template.shape[:-1], n) for i, n in enumerate(sizes)]
+        return dist.all_sum(torch.cat(parts, dim=-1))
 
     def top(self, test: Any, train: Any, k: int = 10, proponents: bool = True) -> tuple[Tensor, Tensor]:
         """The ``k`` strongest proponents (largest scores) or opponents (smallest) per test example."""
