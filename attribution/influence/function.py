@@ -13,7 +13,7 @@ from hooks import ModuleTarget
 
 from .. import _distributed as dist
 from .._progress import progress
-from ..datasets import model_digest
+from ..datasets import Results, model_digest, tensor_digest
 from . import _curvature as cv
 from ._arnoldi import arnoldi, check_dimensions, top_eigenpairs
 from ._batches import Loss, batches, check_loss, labels_of, per_example_losses
@@ -22,6 +22,7 @@ from ._fisher import SampleLabels, check_fisher, fisher_batch
 from ._kronecker import from_block, has_block, input_rows, output_rows, to_block
 from ._passes import BatchSums, Checkpoint, accumulate, batch_digest, check_digests
 from ._signals import hooked_signals
+from ._stream import stream_rows
 from .gradients import per_example_gradients, select_modules
 
 Finish = Callable[[dict[str, Tensor]], dict[str, Tensor]]
@@ -349,6 +350,49 @@ class InfluenceFunction:
         template = own[rank]
         parts = [own[i] if i in own else template.new_zeros(*template.shape[:-1], n) for i, n in enumerate(sizes)]
         return dist.all_sum(torch.cat(parts, dim=-1))
+
+    def stream_scores(
+        self,
+        test: Any,
+        train: Any,
+        out: str | Path,
+        *,
+        batch_size: int = 64,
+        progress: bool | None = None,
+        overwrite: bool = False,
+    ) -> Results:
+        """The scores of a large training set written to ``out`` by the dataset store, one row per training example.
+
+        ``results.maps[j]`` is training example ``j``'s column of :meth:`scores`, ``(n_test,)``, stored as float32.
+        Memory holds one training batch's gradients and the test examples' preconditioned ones; the rows go to disk
+        in shards, each written atomically; a killed run called again resumes with the missing shards (only for the
+        same fit, test examples and model); under ``torchrun`` each process computes its share of the shards.
+
+        Args:
+            test: the test batch (or batches).
+            train: a map-style ``Dataset`` of ``(input, label)`` items (or dicts with ``labels``), or a
+                ``DataLoader`` of one (its batch size and ``collate_fn`` are kept; items in index order).
+            out: the output folder.
+            batch_size: training examples per batch (for a ``Dataset``).
+            progress: a progress bar (default: as the object was built).
+            overwrite: delete results already in ``out`` and start over.
+
+        Returns:
+            The stored :class:`~attribution.datasets.Results` (read lazily).
+        """
+        self._check_fitted()
+        left = torch.cat([self.preconditioned(batch) for batch in batches(test)])
+        identity = [repr(self._settings()), tensor_digest(left), repr(sorted(self.state))]
+        shown = self.progress if progress is None else progress
+        return stream_rows(
+            lambda batch: self.gradients(batch) @ left.T,
+            train,
+            out,
+            identity,
+            batch_size=batch_size,
+            progress=shown,
+            overwrite=overwrite,
+        )
 
     def top(self, test: Any, train: Any, k: int = 10, proponents: bool = True) -> tuple[Tensor, Tensor]:
         """The ``k`` strongest proponents (largest scores) or opponents (smallest) per test example."""

@@ -106,3 +106,24 @@ def test_two_torchrun_processes_give_the_one_process_factors_and_scores(tmp_path
         torch.testing.assert_close(other, value, rtol=1e-12, atol=1e-14, msg=key)
     torch.testing.assert_close(two["scores"], scores, rtol=1e-10, atol=1e-12)
     torch.testing.assert_close(two["self"], self_influence, rtol=1e-10, atol=1e-12)
+
+
+def test_streamed_scores_are_the_scores_row_by_row_and_a_second_run_reads_them_back(tmp_path):
+    model, train, test = worker.setting()
+    dataset = torch.utils.data.TensorDataset(torch.cat([b[0] for b in train]), torch.cat([b[1] for b in train]))
+    influence = InfluenceFunction(model, CE, progress=False).fit(train)
+    results = influence.stream_scores(test, dataset, tmp_path / "scores", batch_size=4)
+    expected = influence.scores(test, torch.utils.data.DataLoader(dataset, batch_size=4))
+    stored = torch.stack([torch.as_tensor(results.maps[j]) for j in range(len(results))])
+    assert stored.dtype == torch.float32 and stored.shape == (23, 4)
+    torch.testing.assert_close(stored.double(), expected.T, rtol=1e-6, atol=1e-6 * float(expected.abs().max()))
+    calls = Counting()
+    again = InfluenceFunction(model, calls, progress=False)
+    again.state, again.train_digests = influence.state, influence.train_digests
+    reread = again.stream_scores(test, dataset, tmp_path / "scores", batch_size=4)
+    assert calls.calls == 1  # the test batch only: every training row was read back from the store
+    assert torch.equal(torch.as_tensor(reread.maps[22]), torch.as_tensor(results.maps[22]))
+    with pytest.raises(ValueError, match="other settings"):  # other test examples: another computation, refused
+        influence.stream_scores((test[0] + 1, test[1]), dataset, tmp_path / "scores", batch_size=4)
+    with pytest.raises(TypeError, match="map-style Dataset"):
+        influence.stream_scores(test, iter(train), tmp_path / "other")
