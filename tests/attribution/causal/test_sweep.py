@@ -31,19 +31,23 @@ def test_each_cell_is_the_iia_the_causal_model_predicts():
     train, test = triples(64, 0, "left"), triples(300, 1, "left")
     before = [p.clone() for p in model.parameters()]
     sweep = intervention_sweep(
-        model, train, test, {"hidden": Site("2")}, ks=[0, 1, 2], intervention=identity_rotation, lr=0.0, progress=False
-    )
+        model, train, test, {"hidden": Site("2")}, ks=[0, 1, 2, 4], intervention=identity_rotation, lr=0.0,
+        progress=False,
+    )  # fmt: skip
     base, source = objects_of(test[0]), objects_of(test[1])
     b_left, b_right, _ = causal_model(base)
     s_left, s_right, _ = causal_model(source)
     # k=0: the base's own output (b_left == b_right) against the label s_left == b_right: right where b_left == s_left
-    # k=1: coordinate 0 swapped, exactly the counterfactual; k=2: both bits swapped, right where s_right == b_right
-    expected = [(b_left == s_left).double().mean(), 1.0, (s_right == b_right).double().mean()]
+    # k=1: coordinate 0 swapped, exactly the counterfactual; k=2: both bits swapped, right where s_right == b_right;
+    # k=4, the whole width: the source's own output, the same (coordinates 2 and 3 are unused), with no training
+    both = (s_right == b_right).double().mean()
+    expected = [(b_left == s_left).double().mean(), 1.0, both, both]
     torch.testing.assert_close(sweep.iia[0], torch.tensor(expected, dtype=torch.float64), rtol=0, atol=1e-12)
     assert 0.2 < expected[0] < 0.8 and 0.2 < expected[2] < 0.8  # the three cells differ: no lucky constant
-    assert sweep.iia.axes == ("site", "k") and sweep.iia.labels == {"site": ["hidden"], "k": [0, 1, 2]}
+    assert sweep.iia.axes == ("site", "k") and sweep.iia.labels == {"site": ["hidden"], "k": [0, 1, 2, 4]}
     assert sweep.best() == ("hidden", 1, 1.0)
-    assert sorted(sweep.interventions) == [("hidden", 0), ("hidden", 1), ("hidden", 2)]
+    assert sorted(sweep.interventions) == [("hidden", 0), ("hidden", 1), ("hidden", 2), ("hidden", 4)]
+    assert type(sweep.interventions["hidden", 4]).__name__ == "Interchange"  # the whole width is a plain swap
     assert all(torch.equal(p, q) for p, q in zip(model.parameters(), before, strict=True))
     assert all(p.grad is None and p.requires_grad for p in model.parameters())
 
