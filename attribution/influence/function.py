@@ -316,7 +316,15 @@ class InfluenceFunction:
     def scores(self, test: Any, train: Any) -> Tensor:
         """``(n_test, n_train)``: ``g_test^T P g_train`` (positive: training on the example lowers the test loss)."""
         left = torch.cat([self.preconditioned(batch) for batch in batches(test)])
-        return self._by_training_example(train, "influence scores", lambda b: left @ self.gradients(b).T)
+        params = self._parameters()
+        parts = [part.contiguous() for part in left.split([p.numel() for _, p in params], dim=1)]
+
+        def columns(batch: Any) -> Tensor:  # per parameter: no copy of the batch's gradients into one row each
+            grads = per_example_gradients(self.model, batch, self.loss, self.modules)
+            pairs = zip(parts, (grads[name] for name, _ in params), strict=True)
+            return torch.stack([part @ g.flatten(1).T for part, g in pairs]).sum(0)
+
+        return self._by_training_example(train, "influence scores", columns)
 
     def self_influence(self, train: Any) -> Tensor:
         """``(n_train,)``: ``g^T P g`` of each training example with itself."""

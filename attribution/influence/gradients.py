@@ -146,8 +146,10 @@ def session(
             finally:
                 group.activate()
             params = dict(model.named_parameters())
-            result = {name: calls.sums.get(key, params[name].new_zeros(calls.size, *params[name].shape))
-                      for key, name in names.items()}  # fmt: skip
+            result = {
+                name: calls.sums[key] if key in calls.sums else params[name].new_zeros(calls.size, *params[name].shape)
+                for key, name in names.items()
+            }  # fmt: skip  (zeros only for a parameter that got no gradient)
             return result if projection is None else {name: projection(name, g) for name, g in result.items()}
 
         yield run
