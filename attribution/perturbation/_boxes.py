@@ -4,8 +4,8 @@ A group of windows runs together when, at every node, their boxes have one size:
 batch axis. Each window's box is the region its change reaches (:mod:`._regions`), widened inside the tensor to
 the largest box of the group (computing more positions than changed is exact: they are computed from their
 inputs as the full forward computes them). A node's step is ``None`` (no window changes it: its clean output is
-used), :data:`FULL` (an op that is not local, or an input that is already full: run whole on the group), or one box
-per window, all of one size.
+used), :data:`FULL` (an op that is not local, an input that is already full, or boxes that cover the whole output:
+run whole on the group, one row per window), or one box per window, all of one size.
 """
 
 from __future__ import annotations
@@ -72,16 +72,18 @@ def group_plan(
     """
     plan: dict[fx.Node, Step] = {}
     for node in nodes:
-        if node.op == "placeholder":
-            plan[node] = equal_sizes(windows, sizes[node])
-            continue
         if node.op == "output":
             break
         changed = [plan[n] for n in node.all_input_nodes if plan[n] is not None]
-        if not changed:
-            plan[node] = None
+        step: Step
+        if node.op == "placeholder":
+            step = equal_sizes(windows, sizes[node])
+        elif not changed:
+            step = None
         elif kinds[node][0] == "whole" or any(step == FULL for step in changed):
-            plan[node] = FULL
+            step = FULL
         else:
-            plan[node] = _step(kinds[node], changed, sizes[node])  # type: ignore[arg-type]
+            step = _step(kinds[node], changed, sizes[node])  # type: ignore[arg-type]
+        whole = ((0, sizes[node][0]), (0, sizes[node][1])) if node in sizes else None
+        plan[node] = FULL if isinstance(step, tuple) and all(box == whole for box in step) else step
     return plan

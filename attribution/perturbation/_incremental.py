@@ -20,7 +20,7 @@ from torch import fx, nn
 
 from hooks import hooked_modules
 
-from ._boxes import FULL, Box, Dims, Kind, Step, group_plan
+from ._boxes import FULL, Box, Dims, Kind, Step, equal_sizes, group_plan
 from ._regions import Span, read
 
 _POINTWISE = (nn.ReLU, nn.ReLU6, nn.GELU, nn.SiLU, nn.Identity)
@@ -142,9 +142,9 @@ class IncrementalRunner:
                 outside), all boxes of one size.
             windows: the boxes.
         """
-        plan = group_plan(self.nodes, self.kinds, self.sizes, windows)
-        if plan[self.nodes[0]] != tuple(windows):
+        if equal_sizes(windows, self.sizes[self.nodes[0]]) != tuple(windows):
             raise ValueError(f"the windows' boxes must have one size inside the image; got {windows}")
+        plan = group_plan(self.nodes, self.kinds, self.sizes, windows)
         values: dict[fx.Node, Any] = {}
         for node in self.nodes:
             step = plan.get(node)
