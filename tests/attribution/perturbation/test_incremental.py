@@ -151,10 +151,12 @@ def test_a_group_of_windows_of_different_sizes_at_the_borders_equals_full_forwar
 
 
 class _Pools(nn.Module):
-    """A max pool over negative values (its padding must not read as 0), ``x + x``, a broadcast addition."""
+    """A max pool over negative values (its padding must not read as 0), a 1x1 stride-2 conv on the input (blind to
+    odd rows and columns), ``y + y``, an addition whose second input changes more than its first, a broadcast one."""
 
     def __init__(self) -> None:
         super().__init__()
+        self.skip = nn.Conv2d(3, 4, 1, 2)
         self.conv = nn.Conv2d(3, 4, 3, padding=1)
         self.pool = nn.MaxPool2d(3, 2, 1)
         self.down = nn.Conv2d(4, 4, 3, padding=1)
@@ -162,25 +164,33 @@ class _Pools(nn.Module):
         self.head = nn.Linear(4, 2)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = self.pool(self.conv(x))
-        x = self.down(x + x) + self.shift
+        skip = self.skip(x)
+        y = self.pool(self.conv(x))
+        y = y + y
+        x = y + self.down(y) + skip + self.shift
         return self.head(x.mean((2, 3)))
 
 
-def test_pools_over_negative_values_and_broadcast_additions_equal_full_forwards() -> None:
+def test_pools_strided_skips_and_additions_in_a_group_equal_full_forwards() -> None:
     torch.manual_seed(5)
     model = _Pools().double().eval()
     with torch.no_grad():
         model.conv.bias.fill_(-4.0)  # every activation negative: a pool window at the border takes a negative max
-    x = torch.rand(1, 3, 17, 12, dtype=torch.float64)
+    x = torch.rand(1, 3, 25, 18, dtype=torch.float64)
     graph = trace(model)
     assert not isinstance(graph, str)
-    changes = [((0, 4), (0, 5)), ((13, 17), (8, 12)), ((6, 10), (4, 9))]
-    windows = equal_sizes(changes, (17, 12))
-    assert windows is not None
-    images = _group(x, changes, 0.9)
-    crops = torch.stack([images[i, :, a:b, c:d] for i, ((a, b), (c, d)) in enumerate(windows)])
-    with torch.no_grad():
-        ours = IncrementalRunner(graph, x).run(crops, windows)
-    assert (model.pool(model.conv(x)) < 0).all()
-    torch.testing.assert_close(ours, model(images), rtol=1e-10, atol=1e-12)
+    runner = IncrementalRunner(graph, x)
+    # the second group: one odd pixel, which the stride-2 skip does not see, beside an even one, which it sees
+    for changes in (
+        [((0, 4), (0, 5)), ((21, 25), (13, 18)), ((8, 12), (6, 11))],
+        [((13, 14), (9, 10)), ((6, 7), (4, 5))],
+    ):
+        windows = equal_sizes(changes, (25, 18))
+        assert windows is not None
+        images = _group(x, changes, 0.9)
+        crops = torch.stack([images[i, :, a:b, c:d] for i, ((a, b), (c, d)) in enumerate(windows)])
+        with torch.no_grad():
+            ours = runner.run(crops, windows)
+            assert (model.pool(model.conv(x)) < 0).all()
+        torch.testing.assert_close(ours, model(images), rtol=1e-10, atol=1e-12)
+    assert torch.equal(model.skip(images[:1]), model.skip(x)) and not torch.equal(model.skip(images[1:]), model.skip(x))
