@@ -36,9 +36,11 @@ class Occlusion(PerturbationMethod):
         incremental: image occlusion by incremental inference (``layer=None``, ``(batch, C, H, W)`` floating-point
             inputs, a model ``torch.fx`` traces and without hooks): the model runs once on the clean image, then
             per window each layer recomputes only the region the window reaches (equal to full forwards up to
-            rounding). ``False`` (the default): full forwards; ``None``: incremental where it applies, else full
-            forwards, silently; ``True``: the same, with a warning saying why when it does not apply. Not faster
-            than batched full forwards yet (about 1.0x on resnet50 224 x 224, slower on small images).
+            rounding); windows run ``perturbations_per_forward`` at a time, each node once on their stacked crops.
+            ``False`` (the default): full forwards; ``None``: incremental where it applies, else full forwards,
+            silently; ``True``: the same, with a warning saying why when it does not apply. On resnet50 224 x 224
+            with 56 x 56 windows it does about half the FLOPs and ran 1.57x faster than captum's best on one
+            CPU thread (1.65x on two); on small images, where a window soon reaches the whole activation, it is slower.
         layer: ``None`` (the inputs), or one module (its name, or the module) whose output is perturbed instead:
             the window, the stride and the baseline then apply to one item of its output ``(batch, *item)``, the
             attributions are shaped like that output, and the model runs up to the layer once (later forwards
