@@ -16,9 +16,15 @@ on all 20 prompts it took 31 minutes, 22 of them captum's ShapleyValueSampling (
    Floor: one plain forward of the 20 prompts per perturbation batch is not a fair floor here; the ratio to captum is
    the figure.
 2. torchvision resnet50 (random weights, eval), one 224 x 224 image, Occlusion with a (3, 56, 56) window and
-   stride (3, 28, 28) (49 windows): captum ``Occlusion`` at its default ``perturbations_per_eval=1`` and at the best
-   of 7, 16 and 49, against ours (``perturbations_per_forward`` from the memory budget). Floor: the 50 forwards of
-   one image at a time.
+   stride (3, 28, 28) (49 windows). First the FLOP bound (:func:`occlusion_flops`): per stage, 49 full forwards
+   against the incremental plan (each window's box per node, and with the boxes of a group widened to one size);
+   with the clean forward on both sides the plan does 2.02x less work window by window and 1.82x less in groups of
+   6 (layer4 is nearly whole for every window: its receptive field covers the image). Then the time, on 1 and on 2
+   threads, CPU (``time.process_time``) and wall time, median of interleaved rounds: captum ``Occlusion`` at
+   ``perturbations_per_eval`` 1, 7, 16 and 49, ours with full forwards (``incremental=False``, the default) and
+   with ``incremental=True`` (groups of windows from the memory budget: 6 here). Measured (CPU s, load 1.9): captum's
+   best (7 per eval) 6.85 s on 1 thread and 9.03 s on 2, ours incremental 4.37 s (1.57x) and 5.46 s (1.65x); at a
+   load of 2.5 to 3.2, 1.42x on 1 thread. The tables: docs/methods/perturbation_speed.inc.
 
 3. The same model, one prompt per call as captum runs it, on one thread: token FeatureAblation of three prompts of
    14 to 19 tokens (:data:`PROMPTS`), target the top next token, baseline token 0. Reported: CPU time
@@ -31,13 +37,14 @@ on all 20 prompts it took 31 minutes, 22 of them captum's ShapleyValueSampling (
    ``NeuronFeatureAblation`` at ``perturbations_per_eval=1`` (its default) and 16 against ours (from the memory
    budget, each forward stopped at the layer). One thread; CPU time (``time.process_time``), median of the rounds.
 
-Float32, 2 threads (parts 3 and 4: one); each variant timed once per round, rounds interleaved (benchmarks/_timing.py);
-each variant keeps its result, and the largest difference from captum's is reported.
+Float32, 2 threads (part 2: 1 and 2; parts 3 and 4: one); each variant timed once per round, rounds interleaved
+(benchmarks/_timing.py); each variant keeps its result, and the largest difference from captum's is reported.
 """
 
 from __future__ import annotations
 
 import argparse
+import gc
 import os
 import statistics
 import time
@@ -185,35 +192,130 @@ def smollm2_per_prompt(rounds: int) -> list[list[Any]]:
     return rows
 
 
-def resnet(rounds: int) -> list[list[Any]]:
-    from captum.attr import Occlusion as CaptumOcclusion
+WINDOW, STRIDE = (3, 56, 56), (3, 28, 28)
+
+
+def occlusion_flops(group: int) -> list[list[Any]]:
+    """Part 2's bound: resnet50's FLOPs per stage, 49 full forwards against the incremental plan (all windows).
+
+    A node's FLOPs on a box are its full FLOPs (``torch.utils.flop_counter``: convolutions and the linear layer,
+    two per multiply-add; elementwise ops count 0) times the box's share of its output's area. ``exact``: each
+    window alone; ``groups``: windows in groups of ``group`` (row-major), each box widened to its group's largest.
+    The clean forward (one for captum too) is added to both sides of the bound.
+    """
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from attribution.perturbation._boxes import FULL, equal_sizes, group_plan
+    from attribution.perturbation._incremental import IncrementalRunner, trace
 
     model = torchvision.models.resnet50(weights=None).eval()
+    graph = trace(model)
+    assert not isinstance(graph, str)
+    with torch.no_grad():
+        runner = IncrementalRunner(graph, torch.randn(1, 3, 224, 224))
+        interpreter, flops = torch.fx.Interpreter(graph), {}
+        for node in runner.nodes[:-1]:
+            with FlopCounterMode(display=False) as counter:
+                interpreter.env[node] = runner.clean[node] if node.op == "placeholder" else interpreter.run_node(node)
+            flops[node] = counter.get_total_flops()
+    starts = range(0, 224 - 56 + 1, 28)
+    windows = [((a, a + 56), (b, b + 56)) for a in starts for b in starts]
+
+    def planned(groups: list[list[Any]]) -> dict[str, float]:
+        per_stage: dict[str, float] = {}
+        for members in groups:
+            boxes = equal_sizes(members, (224, 224))
+            assert boxes is not None
+            for node, step in group_plan(runner.nodes, runner.kinds, runner.sizes, boxes).items():
+                if step is None or not flops.get(node):
+                    continue
+                area = runner.sizes[node][0] * runner.sizes[node][1] if step != FULL else 1
+                share = len(members) if step == FULL else sum((b - a) * (d - c) / area for (a, b), (c, d) in step)
+                stage = _stage(node)
+                per_stage[stage] = per_stage.get(stage, 0.0) + flops[node] * share
+        return per_stage
+
+    exact = planned([[w] for w in windows])
+    grouped = planned([windows[i : i + group] for i in range(0, len(windows), group)])
+    full = {}
+    for node, count in flops.items():
+        full[_stage(node)] = full.get(_stage(node), 0.0) + count * len(windows)
+    rows = []
+    for stage in full:
+        ratio = full[stage] / exact.get(stage, 1e-9)
+        rows.append(
+            [
+                stage,
+                f"{full[stage] / 1e9:.1f}",
+                f"{exact.get(stage, 0) / 1e9:.1f}",
+                f"{grouped.get(stage, 0) / 1e9:.1f}",
+                f"{ratio:.2f}",
+            ]
+        )
+    one = sum(full.values()) / len(windows)
+    total = [sum(full.values()) + one, sum(exact.values()) + one, sum(grouped.values()) + one]
+    rows.append(["all + the clean forward", *(f"{t / 1e9:.1f}" for t in total), f"{total[0] / total[1]:.2f}"])
+    rows.append(["bound (x, 50 forwards / plan)", "", f"{total[0] / total[1]:.2f}", f"{total[0] / total[2]:.2f}", ""])
+    return rows
+
+
+def _stage(node: Any) -> str:
+    name = str(node.target) if node.op == "call_module" else node.name
+    if name.startswith("layer"):
+        return name.split(".")[0]
+    return "head" if name in ("avgpool", "flatten", "fc") else "stem"
+
+
+def resnet(rounds: int, threads: int) -> list[list[Any]]:
+    """Part 2 on ``threads`` torch threads: CPU and wall time, median of interleaved rounds."""
+    from captum.attr import Occlusion as CaptumOcclusion
+
+    torch.manual_seed(0)
+    model = torchvision.models.resnet50(weights=None).eval()
     x = torch.randn(1, 3, 224, 224)
-    window, stride = (3, 56, 56), (3, 28, 28)
 
     def theirs(per_eval: int) -> torch.Tensor:
         return CaptumOcclusion(model).attribute(
-            x, sliding_window_shapes=window, strides=stride, target=3, perturbations_per_eval=per_eval
+            x, sliding_window_shapes=WINDOW, strides=STRIDE, target=3, perturbations_per_eval=per_eval
         )
 
-    def floor() -> None:
-        with torch.no_grad():
-            for _ in range(50):
-                model(x)
-
-    variants = {f"captum Occlusion, perturbations_per_eval={n}": (lambda n=n: theirs(n)) for n in (1, 7, 16, 49)}
-    variants["hookscope Occlusion"] = lambda: Occlusion(model, window, stride)(x, target=3)
-    variants["floor: 50 forwards of one image"] = floor
-    results: dict[str, Any] = {}
-    times = interleaved(kept(variants, results), repeats=rounds, warmup=1)
-    best = min((n for n in variants if n.startswith("captum")), key=times.__getitem__)
-    reference = results["captum Occlusion, perturbations_per_eval=1"]
+    variants: dict[str, Any] = {f"captum, perturbations_per_eval={n}": (lambda n=n: theirs(n)) for n in (1, 7, 16, 49)}
+    variants["hookscope, full forwards (incremental=False)"] = lambda: Occlusion(
+        model, WINDOW, STRIDE, show_progress=False
+    )(x, target=3)
+    variants["hookscope, incremental=True"] = lambda: Occlusion(
+        model, WINDOW, STRIDE, show_progress=False, incremental=True
+    )(x, target=3)
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        measured = _clocks(variants, rounds)
+    finally:
+        torch.set_num_threads(before)
+    cpu = {name: statistics.median(m[0] for m in runs) for name, runs in measured.items()}
+    wall = {name: statistics.median(m[1] for m in runs) for name, runs in measured.items()}
+    best = min((n for n in variants if n.startswith("captum")), key=cpu.__getitem__)
+    reference = measured["captum, perturbations_per_eval=1"][-1][2]
     rows = []
-    for name in variants:
-        error = "" if results[name] is None else f"{(results[name] - reference).abs().max().item():.1e}"
-        rows.append([name, f"{times[name]:.2f}", f"{times[best] / times[name]:.2f}", error])
+    for name, runs in measured.items():
+        error = (runs[-1][2] - reference).abs().max().item()
+        rows.append([name, f"{cpu[name]:.2f}", f"{wall[name]:.2f}", f"{cpu[best] / cpu[name]:.2f}", f"{error:.1e}"])
     return rows
+
+
+def _clocks(variants: dict[str, Any], rounds: int) -> dict[str, list[tuple[float, float, Any]]]:
+    """Per variant ``(CPU s, wall s, result)`` of each round; one warm-up call each, rounds interleaved."""
+    for fn in variants.values():
+        fn()
+    measured: dict[str, list[tuple[float, float, Any]]] = {name: [] for name in variants}
+    names = list(variants)
+    for r in range(rounds):
+        for name in names[r % len(names) :] + names[: r % len(names)]:
+            gc.collect()
+            cpu, wall = time.process_time(), time.perf_counter()
+            result = variants[name]()
+            measured[name].append((time.process_time() - cpu, time.perf_counter() - wall, result))
+    return measured
 
 
 def small_cnn_neuron(rounds: int) -> list[list[Any]]:
@@ -289,6 +391,7 @@ def main() -> None:
     parser.add_argument("--skip-smollm2", action="store_true")
     parser.add_argument("--skip-per-prompt", action="store_true", help="skip part 3 (one prompt per call, 1 thread)")
     parser.add_argument("--skip-resnet", action="store_true")
+    parser.add_argument("--group", type=int, default=6, help="windows per group in part 2's FLOP table")
     parser.add_argument("--skip-neuron", action="store_true", help="skip part 4 (NeuronFeatureAblation, small CNN)")
     parser.add_argument("--write-inc", action="store_true", help="write docs/methods/perturbation_speed.inc")
     args = parser.parse_args()
@@ -321,8 +424,19 @@ def main() -> None:
             ]
             parts.append((title, header, rows))
     if not args.skip_resnet:
-        title = "resnet50 (random weights), 1 x 3 x 224 x 224, Occlusion window (3, 56, 56), stride (3, 28, 28)"
-        parts.append((title, ["variant", "s", "x captum's best", "max abs diff vs captum"], resnet(args.rounds)))
+        title = (
+            "resnet50 (random weights), GFLOPs of Occlusion with window (3, 56, 56), stride (3, 28, 28), 49 windows: "
+            f"49 full forwards, the incremental plan window by window and in groups of {args.group}"
+        )
+        header = ["stage", "49 full", "incremental", f"groups of {args.group}", "full / incremental"]
+        parts.append((title, header, occlusion_flops(args.group)))
+        for threads in (1, 2):
+            title = (
+                f"resnet50 (random weights), 1 x 3 x 224 x 224, Occlusion window (3, 56, 56), stride (3, 28, 28), "
+                f"{threads} thread(s), median of {max(args.rounds, 3)} interleaved rounds"
+            )
+            header = ["variant", "CPU s", "wall s", "x captum's best (CPU)", "max abs diff vs captum"]
+            parts.append((title, header, resnet(max(args.rounds, 3), threads)))
     if not args.skip_neuron:
         title = (
             "small CNN, 8 x 3 x 32 x 32, NeuronFeatureAblation over 64 patches of 4 x 4, one thread, CPU time, "

@@ -11,6 +11,7 @@ full on inputs pasted into the clean tensors, so the result equals the full forw
 from __future__ import annotations
 
 import operator
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -19,9 +20,9 @@ from torch import fx, nn
 
 from hooks import hooked_modules
 
-from ._regions import Span, reached, read, union
+from ._boxes import FULL, Box, Dims, Kind, Step, equal_sizes, group_plan
+from ._regions import Span, read
 
-Box = tuple[Span, Span]
 _POINTWISE = (nn.ReLU, nn.ReLU6, nn.GELU, nn.SiLU, nn.Identity)
 
 
@@ -47,31 +48,7 @@ def trace(model: nn.Module) -> fx.GraphModule | str:
         return f"torch.fx cannot trace {type(model).__name__}: {type(error).__name__}: {error}"
 
 
-def _overlap(first: Span, second: Span) -> Span:
-    """The part of ``first`` inside ``second`` (empty when ``stop <= start``)."""
-    return max(first[0], second[0]), min(first[1], second[1])
-
-
-def _crop(value: Any, clean: torch.Tensor, box: Box) -> torch.Tensor:
-    """The region ``box`` of a node's output: the clean crop with the node's changed crop pasted where they overlap.
-
-    The changed crop may reach outside ``box`` (a 1x1 stride-2 conv reads every other row of its changed input), so
-    only the overlap is pasted.
-    """
-    (a, b), (c, d) = box
-    out = clean[..., a:b, c:d]
-    if value is None:
-        return out
-    (va, vb), (vc, vd) = value[0]
-    (lo, hi), (left, right) = _overlap((va, vb), (a, b)), _overlap((vc, vd), (c, d))
-    if lo >= hi or left >= right:
-        return out
-    out = out.clone()
-    out[..., lo - a : hi - a, left - c : right - c] = value[1][..., lo - va : hi - va, left - vc : right - vc]
-    return out
-
-
-def _window(module: nn.Module) -> tuple[tuple[int, int, int, int], ...] | None:
+def _window(module: nn.Module) -> Dims | None:
     """Per spatial dim ``(kernel, stride, padding, dilation)`` of a conv/pool this runs on crops, else ``None``."""
     if isinstance(module, nn.Conv2d) and module.padding_mode == "zeros" and not isinstance(module.padding, str):
         parts: tuple[Any, ...] = (module.kernel_size, module.stride, module.padding, module.dilation)
@@ -83,40 +60,44 @@ def _window(module: nn.Module) -> tuple[tuple[int, int, int, int], ...] | None:
     return tuple((int(k), int(s), int(p), int(d)) for k, s, p, d in zip(*parts, strict=True))
 
 
-def _sliding(
-    module: nn.Module,
-    dims: tuple[tuple[int, int, int, int], ...],
-    value: Any,
-    clean_in: torch.Tensor,
-    clean_out: torch.Tensor,
-) -> Any:
-    """A conv or max pool on the crop its changed outputs read, padded as the module pads."""
-    box = tuple(
-        reached(s, d[0], d[1], d[2], d[3], n) for s, d, n in zip(value[0], dims, clean_out.shape[-2:], strict=True)
-    )
-    if any(a >= b for a, b in box):
-        return None  # a strided window skips every changed input: the output is the clean one
-    spans = [read(s, *d) for s, d in zip(box, dims, strict=True)]
-    sizes = clean_in.shape[-2:]
-    inside = tuple((max(a, 0), min(b, n)) for (a, b), n in zip(spans, sizes, strict=True))
-    crop = _crop(value, clean_in, inside)  # type: ignore[arg-type]
-    pads = (
-        inside[1][0] - spans[1][0],
-        spans[1][1] - inside[1][1],
-        inside[0][0] - spans[0][0],
-        spans[0][1] - inside[0][1],
-    )
-    if isinstance(module, nn.Conv2d):
-        crop = F.pad(crop, pads)
-        out = F.conv2d(crop, module.weight, module.bias, module.stride, 0, module.dilation, module.groups)
-    else:
-        crop = F.pad(crop, pads, value=-torch.inf)
-        out = F.max_pool2d(crop, [k for k, *_ in dims], [d[1] for d in dims], 0, [d[3] for d in dims])
-    return box, out
+def _inside(span: Span, size: int) -> Span:
+    return max(span[0], 0), min(span[1], size)
+
+
+def gather(clean: torch.Tensor, changed: torch.Tensor | None, boxes: Step, spans: Sequence[Box], fill: float) -> Any:
+    """Per window the region ``spans[i]`` of a node's output, stacked ``(windows, C, h, w)``.
+
+    The region is the clean output (``clean``, batch 1) with window ``i``'s changed crop ``changed[i]`` (at
+    ``boxes[i]``) pasted where they overlap, and ``fill`` where the span lies outside the tensor (padding). The
+    spans have one size. A changed crop may reach outside its span (a 1x1 stride-2 conv reads every other changed
+    row), so only the overlap is pasted.
+    """
+    if changed is not None and tuple(spans) == boxes:
+        return changed
+    size = clean.shape[-2:]
+    pieces = []
+    for span in spans:
+        (a, b), (c, d) = _inside(span[0], size[0]), _inside(span[1], size[1])
+        piece = clean[0, :, a:b, c:d]
+        pads = (c - span[1][0], span[1][1] - d, a - span[0][0], span[0][1] - b)
+        pieces.append(F.pad(piece, pads, value=fill) if any(pads) else piece)
+    out = torch.stack(pieces)
+    if changed is None:
+        return out
+    assert isinstance(boxes, tuple)
+    for i, (span, box) in enumerate(zip(spans, boxes, strict=True)):
+        (lo, hi), (left, right) = (
+            (max(box[0][0], span[0][0], 0), min(box[0][1], span[0][1])),
+            (max(box[1][0], span[1][0], 0), min(box[1][1], span[1][1])),
+        )
+        if lo < hi and left < right:
+            rows, cols = slice(lo - span[0][0], hi - span[0][0]), slice(left - span[1][0], right - span[1][0])
+            out[i, :, rows, cols] = changed[i, :, lo - box[0][0] : hi - box[0][0], left - box[1][0] : right - box[1][0]]
+    return out
 
 
 class IncrementalRunner:
-    """Runs perturbed copies of one image, recomputing only what each change reaches.
+    """Runs groups of perturbed copies of one image, recomputing only what each change reaches, batched.
 
     Args:
         graph: the traced model (:func:`trace`), in eval mode.
@@ -125,73 +106,104 @@ class IncrementalRunner:
 
     def __init__(self, graph: fx.GraphModule, clean: torch.Tensor) -> None:
         self.graph = graph
+        self.nodes = list(graph.graph.nodes)
         self.modules = dict(graph.named_modules())
         self.clean: dict[fx.Node, Any] = {}
         interpreter = fx.Interpreter(graph)
-        env = interpreter.env
-
-        for node in graph.graph.nodes:
+        for node in self.nodes:
             self.clean[node] = interpreter.run_node(node) if node.op != "placeholder" else clean
-            env[node] = self.clean[node]
+            interpreter.env[node] = self.clean[node]
+        self.sizes = {n: tuple(v.shape[-2:]) for n, v in self.clean.items() if _image(v)}
+        self.kinds = {n: self._kind(n) for n in self.nodes if n.op not in ("placeholder", "output")}
 
-    def run(self, perturbed: torch.Tensor, box: Box) -> Any:
-        """The model's output on ``perturbed`` ``(1, C, H, W)``, which equals the clean input outside ``box``."""
-        values: dict[fx.Node, Any] = {}
-        for node in self.graph.graph.nodes:
-            if node.op == "placeholder":
-                values[node] = (box, perturbed[..., box[0][0] : box[0][1], box[1][0] : box[1][1]])
-            elif node.op == "output":
-                return self._value(node.args[0], values)
-            else:
-                values[node] = self._node(node, values)
-        raise RuntimeError("the traced graph has no output node")
-
-    def _node(self, node: fx.Node, values: dict[fx.Node, Any]) -> Any:
-        """One node's value: ``None`` (unchanged), ``(box, crop)``, or ``("full", tensor)``."""
-        inputs = [n for n in node.all_input_nodes]
-        changed = [n for n in inputs if values[n] is not None]
-        if not changed:
-            return None
-        boxed = all(values[n][0] != "full" for n in changed)
-        module = self.modules.get(str(node.target)) if node.op == "call_module" else None
-        if boxed and module is not None and len(inputs) == 1:
+    def _kind(self, node: fx.Node) -> Kind:
+        """How ``node`` runs on a box: only ops whose output is an image like their image inputs, else whole."""
+        inputs = node.all_input_nodes
+        if not _image(self.clean[node]) or not all(_image(self.clean[n]) for n in inputs):
+            return ("whole", None)
+        if node.op == "call_module" and len(inputs) == 1 and len(node.args) == 1 and not node.kwargs:
+            module = self.modules[str(node.target)]
             dims = _window(module)
             if dims is not None:
-                return _sliding(module, dims, values[inputs[0]], self.clean[inputs[0]], self.clean[node])
+                return ("slide", dims)
             if isinstance(module, _POINTWISE) or (isinstance(module, nn.BatchNorm2d) and not module.training):
-                return values[inputs[0]][0], module(values[inputs[0]][1])
-        if boxed and node.op == "call_function" and node.target in (operator.add, torch.add) and not node.kwargs:
-            if len(node.args) == 2 and all(isinstance(a, fx.Node) for a in node.args):
-                return self._add(node.args[0], node.args[1], changed, values)  # type: ignore[arg-type]
-        return self._whole(node, values)
+                return ("point", None)
+        shape = self.clean[node].shape
+        if node.op == "call_function" and node.target in (operator.add, torch.add) and not node.kwargs:
+            if len(node.args) == 2 and all(isinstance(a, fx.Node) and self.clean[a].shape == shape for a in node.args):
+                return ("add", None)
+        return ("whole", None)
 
-    def _add(self, first: fx.Node, second: fx.Node, changed: list[fx.Node], values: dict[fx.Node, Any]) -> Any:
-        """A residual addition on the union of its inputs' boxes."""
-        box: Box = values[changed[0]][0]
-        for n in changed[1:]:
-            box = (union(box[0], values[n][0][0]), union(box[1], values[n][0][1]))
-        return box, _crop(values[first], self.clean[first], box) + _crop(values[second], self.clean[second], box)
+    def run(self, crops: torch.Tensor, windows: Sequence[Box]) -> Any:
+        """The model's output on a group of perturbed images, one row per window.
 
-    def _whole(self, node: fx.Node, values: dict[fx.Node, Any]) -> Any:
-        """An unknown op, or a changed input that fills its tensor: run the node on whole inputs."""
-        env = {n: self._value(n, values) for n in node.all_input_nodes}
-        args = fx.node.map_arg(node.args, lambda n: env[n])
-        kwargs = fx.node.map_arg(node.kwargs, lambda n: env[n])
+        Args:
+            crops: ``(windows, C, h, w)``: window ``i``'s image in ``windows[i]`` (it equals the clean image
+                outside), all boxes of one size.
+            windows: the boxes.
+        """
+        if equal_sizes(windows, self.sizes[self.nodes[0]]) != tuple(windows):
+            raise ValueError(f"the windows' boxes must have one size inside the image; got {windows}")
+        plan = group_plan(self.nodes, self.kinds, self.sizes, windows)
+        values: dict[fx.Node, Any] = {}
+        for node in self.nodes:
+            step = plan.get(node)
+            if node.op == "placeholder":
+                values[node] = crops
+            elif node.op == "output":
+                return fx.node.map_arg(node.args[0], lambda n: self._whole(n, plan, values, len(windows)))
+            elif step == FULL:
+                values[node] = self._full(node, plan, values, len(windows))
+            elif step is not None:
+                values[node] = self._box(node, step, plan, values)  # type: ignore[arg-type]
+        raise RuntimeError("the traced graph has no output node")
+
+    def _box(self, node: fx.Node, boxes: tuple[Box, ...], plan: dict[fx.Node, Step], values: dict[fx.Node, Any]) -> Any:
+        """A local op on its boxes: one call on the group's stacked crops."""
+        name, dims = self.kinds[node]
+        if name == "add":
+            first, second = (n for n in node.args if isinstance(n, fx.Node))
+            return gather(self.clean[first], values.get(first), plan[first], boxes, 0.0) + gather(
+                self.clean[second], values.get(second), plan[second], boxes, 0.0
+            )
+        (source,) = node.all_input_nodes
+        module = self.modules[str(node.target)]
+        if name == "point":
+            return module(values[source])
+        assert dims is not None
+        spans = [tuple(read(s, *d) for s, d in zip(box, dims, strict=True)) for box in boxes]
+        if isinstance(module, nn.Conv2d):
+            crop = gather(self.clean[source], values.get(source), plan[source], spans, 0.0)  # type: ignore[arg-type]
+            return F.conv2d(crop, module.weight, module.bias, module.stride, 0, module.dilation, module.groups)
+        crop = gather(self.clean[source], values.get(source), plan[source], spans, -torch.inf)  # type: ignore[arg-type]
+        return F.max_pool2d(crop, [d[0] for d in dims], [d[1] for d in dims], 0, [d[3] for d in dims])
+
+    def _full(self, node: fx.Node, plan: dict[fx.Node, Step], values: dict[fx.Node, Any], count: int) -> Any:
+        """A non-local op, or a changed input that is already whole: run on whole inputs, one row per window."""
+        args = fx.node.map_arg(node.args, lambda n: self._whole(n, plan, values, count))
+        kwargs = fx.node.map_arg(node.kwargs, lambda n: self._whole(n, plan, values, count))
         if node.op == "call_module":
-            out = self.modules[str(node.target)](*args, **kwargs)
-        elif node.op == "call_function":
-            out = node.target(*args, **kwargs)  # type: ignore[operator]
-        elif node.op == "call_method":
-            out = getattr(args[0], node.target)(*args[1:], **kwargs)  # type: ignore[arg-type]
-        else:
-            out = getattr(self.graph, node.target)  # type: ignore[arg-type]
-        return ("full", out)
+            return self.modules[str(node.target)](*args, **kwargs)
+        if node.op == "call_function":
+            return node.target(*args, **kwargs)  # type: ignore[operator]
+        if node.op == "call_method":
+            return getattr(args[0], node.target)(*args[1:], **kwargs)  # type: ignore[arg-type]
+        return getattr(self.graph, node.target)  # type: ignore[arg-type]
 
-    def _value(self, node: fx.Node, values: dict[fx.Node, Any]) -> Any:
-        value = values[node]
-        if value is None:
-            return self.clean[node]
-        if value[0] == "full":
-            return value[1]
-        clean = self.clean[node]
-        return _crop(value, clean, ((0, clean.shape[-2]), (0, clean.shape[-1])))
+    def _whole(self, node: fx.Node, plan: dict[fx.Node, Step], values: dict[fx.Node, Any], count: int) -> Any:
+        """A node's whole value for the group: the clean one repeated, or with each window's crop pasted in."""
+        step, clean = plan.get(node), self.clean[node]
+        if step == FULL:
+            return values[node]
+        if step is None:
+            batched = isinstance(clean, torch.Tensor) and clean.dim() > 0 and clean.shape[0] == 1
+            return clean.expand(count, *clean.shape[1:]) if batched else clean
+        whole = clean.repeat(count, *([1] * (clean.dim() - 1)))
+        for i, ((a, b), (c, d)) in enumerate(step):
+            whole[i, :, a:b, c:d] = values[node][i]
+        return whole
+
+
+def _image(value: Any) -> bool:
+    """Whether a clean value is one image's activation ``(1, C, H, W)``."""
+    return isinstance(value, torch.Tensor) and value.dim() == 4 and value.shape[0] == 1

@@ -23,3 +23,12 @@ def read(span: Span, kernel: int, stride: int, padding: int, dilation: int) -> S
 def union(first: Span, second: Span) -> Span:
     """The smallest span holding both."""
     return min(first[0], second[0]), max(first[1], second[1])
+
+
+def widened(span: Span, length: int, size: int) -> Span:
+    """A span of ``length`` inside ``[0, size)`` holding ``span`` (``length`` at least its own, at most ``size``).
+
+    It keeps the start where it can and moves back from the end; an empty span is placed at its start.
+    """
+    start = min(max(span[0], 0), size - length)
+    return start, start + length

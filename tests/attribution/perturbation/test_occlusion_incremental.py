@@ -40,6 +40,8 @@ def _model() -> nn.Module:
 CASES = [
     ({"window": (3, 5, 4), "stride": (3, 2, 3)}, [0, 4]),
     ({"window": (2, 7, 4), "stride": (1, 6, 4), "baseline": -0.7}, [3, 1]),
+    # groups of 4 windows mixing rows, the last windows cut at the edges: boxes widened to one size per group
+    ({"window": (3, 6, 4), "stride": (3, 5, 3), "baseline": 0.4, "perturbations_per_forward": 4}, [1, 2]),
     (
         {"window": (3, 4, 6), "stride": 3, "baseline": torch.linspace(-1, 1, 2 * 3 * 13 * 10).reshape(2, 3, 13, 10)},
         None,
