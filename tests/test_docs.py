@@ -12,13 +12,12 @@ from __future__ import annotations
 import json
 import os
 import re
-import select
-import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+
+from tests._zygote import Zygote
 
 pytestmark = pytest.mark.slow  # every page's blocks in a fresh interpreter
 
@@ -93,78 +92,34 @@ def packages(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return folder
 
 
-ZYGOTE = """
-import json, os, sys, traceback
-
-import torch, hooks, attribution  # imported once; nothing runs before a page's process is forked
-for extra in ("matplotlib.pyplot", "transformers", "timm"):
-    try:
-        __import__(extra)
-    except ImportError:
-        pass
-try:
-    import transformers
-    transformers.LlamaForCausalLM, transformers.GPT2LMHeadModel  # the lazy modules the blocks touch
-except ImportError:
-    pass
-print("ready", flush=True)
-for line in sys.stdin:
-    listing, cwd, out = json.loads(line)
-    pid = os.fork()
-    if pid == 0:
-        code = 0
+DOCS_JOB = """
+def job(request):
+    os.chdir(request["cwd"])
+    sys.argv = sys.argv[:1]  # a block run as a script sees no arguments
+    for where, block in json.load(open(request["listing"])):
         try:
-            os.chdir(cwd)
-            for fd, name in ((1, "stdout"), (2, "stderr")):
-                os.dup2(os.open(os.path.join(out, name), os.O_WRONLY | os.O_CREAT | os.O_TRUNC), fd)
-            sys.argv = sys.argv[:1]  # a block run as a script sees no arguments
-            for where, block in json.load(open(listing)):
-                try:
-                    exec(compile(block, where, "exec"), {"__name__": "__main__"})  # a fresh namespace per block
-                except BaseException:
-                    print(json.dumps({"where": where, "error": traceback.format_exc()[-3000:]}))
-                    code = 1
-                    break
-        finally:
-            sys.stdout.flush()
-            sys.stderr.flush()
-            os._exit(code)
-    _, status = os.waitpid(pid, 0)
-    print(os.waitstatus_to_exitcode(status), flush=True)
+            exec(compile(block, where, "exec"), {"__name__": "__main__"})  # a fresh namespace per block
+        except BaseException:
+            print(json.dumps({"where": where, "error": traceback.format_exc()[-3000:]}))
+            return 1
+    return 0
 """
 
 PAGES = sorted({where.split(":")[0] for where, _ in BLOCKS})
 
 
 @pytest.fixture(scope="module")
-def zygote(packages: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[subprocess.Popen[str]]:
+def zygote(packages: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Zygote]:
     """The interpreter the pages' processes are forked from (the import path: the two packages only)."""
     threads = "1" if os.environ.get("PYTEST_XDIST_WORKER") else "2"  # a core of its own under pytest-xdist
     env = {**os.environ, "PYTHONPATH": str(packages), "MPLBACKEND": "Agg", "OMP_NUM_THREADS": threads}
-    cwd = tmp_path_factory.mktemp("zygote")
-    process = subprocess.Popen(
-        [sys.executable, "-c", ZYGOTE], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd=cwd, env=env
-    )
-    assert process.stdout is not None and process.stdout.readline().strip() == "ready"
-    yield process
-    process.kill()
-    process.wait()
-
-
-def _run_page(zygote: subprocess.Popen[str], listing: Path, cwd: Path) -> tuple[int, str, str]:
-    """Exit code, stdout and stderr of the page's blocks run in a process forked from the zygote."""
-    assert zygote.stdin is not None and zygote.stdout is not None
-    zygote.stdin.write(json.dumps([str(listing), str(cwd), str(listing.parent)]) + "\n")
-    zygote.stdin.flush()
-    if not select.select([zygote.stdout], [], [], 900)[0]:
-        zygote.kill()
-        pytest.fail(f"the blocks of {listing} ran for over 900 s")
-    code = int(zygote.stdout.readline())
-    return code, (listing.parent / "stdout").read_text(), (listing.parent / "stderr").read_text()
+    started = Zygote(DOCS_JOB, env, tmp_path_factory.mktemp("zygote"))
+    yield started
+    started.close()
 
 
 @pytest.mark.parametrize("page", PAGES)
-def test_blocks_run_on_their_own(page: str, zygote: subprocess.Popen[str], tmp_path: Path):
+def test_blocks_run_on_their_own(page: str, zygote: Zygote, tmp_path: Path):
     """The page's blocks, in order, in one fresh process, each in a namespace of its own."""
     blocks = [(where, code) for where, code in BLOCKS if where.split(":")[0] == page]
     for where, code in blocks:
@@ -176,7 +131,8 @@ def test_blocks_run_on_their_own(page: str, zygote: subprocess.Popen[str], tmp_p
     listing.write_text(json.dumps(blocks))
     cwd = tmp_path / "work"
     cwd.mkdir()
-    returncode, stdout, stderr = _run_page(zygote, listing, cwd)
+    request = {"listing": str(listing), "cwd": str(cwd), "logs": str(tmp_path)}
+    returncode, stdout, stderr = zygote.run(request, 900, f"the blocks of {page}")
     if returncode != 0:
         failure = json.loads(stdout.splitlines()[-1]) if stdout.strip() else {"where": page, "error": ""}
         code = dict(blocks).get(failure["where"], "")

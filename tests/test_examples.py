@@ -3,18 +3,17 @@
 from __future__ import annotations
 
 import importlib
-import json
 import os
 import queue
-import select
 import subprocess
-import sys
 from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 import pytest
+
+from tests._zygote import Zygote
 
 pytestmark = pytest.mark.slow  # every example end to end: minutes on 2 cores
 
@@ -72,74 +71,19 @@ def _available(script: Path) -> str | None:
     return None
 
 
-ZYGOTE = """
-import json, os, runpy, sys, traceback
+EXAMPLE_JOB = """
+import runpy
 
-import torch, hooks, attribution  # imported once: each example runs in a process forked from here
-for extra in ("matplotlib.pyplot", "transformers", "timm", "torchvision", "accelerate", "gguf", "sklearn"):
+
+def job(request):
+    sys.path.insert(0, os.path.dirname(request["script"]))  # as `python examples/x.py` would have it
+    sys.argv = [request["script"], *request["args"]]
     try:
-        __import__(extra)
-    except ImportError:
-        pass
-try:
-    import transformers
-    transformers.LlamaForCausalLM, transformers.AutoTokenizer  # the lazy modules the SmolLM2 examples touch
-except ImportError:
-    pass
-print("ready", flush=True)
-for line in sys.stdin:
-    script, args, out = json.loads(line)
-    pid = os.fork()
-    if pid == 0:
-        code = 0
-        try:
-            for fd, name in ((1, "stdout"), (2, "stderr")):
-                os.dup2(os.open(os.path.join(out, name), os.O_WRONLY | os.O_CREAT | os.O_TRUNC), fd)
-            sys.path.insert(0, os.path.dirname(script))
-            sys.argv = [script, *args]
-            runpy.run_path(script, run_name="__main__")
-        except SystemExit as exit:
-            code = exit.code if isinstance(exit.code, int) else (0 if exit.code is None else 1)
-        except BaseException:
-            traceback.print_exc()
-            code = 1
-        finally:
-            sys.stdout.flush()
-            sys.stderr.flush()
-            os._exit(code)
-    _, status = os.waitpid(pid, 0)
-    print(os.waitstatus_to_exitcode(status), flush=True)
+        runpy.run_path(request["script"], run_name="__main__")
+    except SystemExit as exit:
+        return exit.code if isinstance(exit.code, int) else (0 if exit.code is None else 1)
+    return 0
 """
-
-
-class Zygote:
-    """An interpreter that has imported torch and the examples' libraries; each example runs in a fork of it.
-
-    The imports (torch, transformers, timm, matplotlib: about 10 s of CPU) are paid once per zygote instead of once
-    per example; the example then runs as ``python examples/x.py ...`` would (``__main__``, its folder first on the
-    import path, its own arguments), with its output in files.
-    """
-
-    def __init__(self, env: dict[str, str]) -> None:
-        self.process = subprocess.Popen(
-            [sys.executable, "-c", ZYGOTE], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd=ROOT, env=env
-        )
-        assert self.process.stdout is not None and self.process.stdout.readline().strip() == "ready"
-
-    def run(self, script: Path, args: list[str], logs: Path) -> subprocess.CompletedProcess[str]:
-        assert self.process.stdin is not None and self.process.stdout is not None
-        self.process.stdin.write(json.dumps([str(script), args, str(logs)]) + "\n")
-        self.process.stdin.flush()
-        if not select.select([self.process.stdout], [], [], 600)[0]:
-            self.process.kill()
-            pytest.fail(f"{script.name} ran for over 600 s")
-        code = int(self.process.stdout.readline())
-        stdout, stderr = (logs / "stdout").read_text(), (logs / "stderr").read_text()
-        return subprocess.CompletedProcess([script.name, *args], code, stdout, stderr)
-
-    def close(self) -> None:
-        self.process.kill()
-        self.process.wait()
 
 
 @pytest.fixture(scope="module")
@@ -148,7 +92,8 @@ def runs(
 ) -> Iterator[dict[str, Future[tuple[Path, Any]]]]:
     """Every selected and runnable example started at once, two at a time, on one thread each (two cores busy).
 
-    Each of the two workers forks its examples from its own :class:`Zygote`; ``OMP_NUM_THREADS=1`` (and
+    Each of the two workers forks its examples from its own zygote (``tests/_zygote.py``: torch, transformers, timm
+    and matplotlib imported once); ``OMP_NUM_THREADS=1`` (and
     ``--threads 1`` where an example takes it) keeps two of them from competing for the same core.
     """
     env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "MPLBACKEND": "Agg"}
@@ -159,11 +104,15 @@ def runs(
         out = tmp_path_factory.mktemp(script.stem)
         logs = tmp_path_factory.mktemp(f"{script.stem}-logs")
         threads = ["--threads", "1"] if "--threads" in script.read_text() else []
+        args = ["--out", str(out), *threads, *SHORTER.get(script.name, [])]
         zygote = zygotes.get()
         try:
-            return out, zygote.run(script, ["--out", str(out), *threads, *SHORTER.get(script.name, [])], logs)
+            code, stdout, stderr = zygote.run(
+                {"script": str(script), "args": args, "logs": str(logs)}, 600, script.name
+            )
         finally:
             zygotes.put(zygote)
+        return out, subprocess.CompletedProcess([script.name, *args], code, stdout, stderr)
 
     # the longest first, so that the two workers finish together
     selected = {i.callspec.params["script"] for i in request.session.items if i.name.startswith("test_example_runs")}
@@ -171,7 +120,7 @@ def runs(
         (p for p in EXAMPLES if p in selected and _available(p) is None),
         key=lambda p: SMOLLM2 not in NEEDS.get(p.name, []),
     )
-    started = [Zygote(env) for _ in range(min(2, len(order)))]
+    started = [Zygote(EXAMPLE_JOB, env, ROOT) for _ in range(min(2, len(order)))]
     for zygote in started:
         zygotes.put(zygote)
     try:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import re
 import signal
 import subprocess
@@ -20,22 +19,11 @@ from PIL import Image
 from attribution import GradCAM, _distributed, open_results
 from attribution.cli import ImageFolder, build_model, main
 from attribution.datasets import _shards, cli
+from tests._torchrun import environment, torchrun
 from tests.attribution.datasets import _worker as worker
 
 ROOT = Path(__file__).resolve().parents[3]
 WORKER = Path(worker.__file__)
-
-
-def environment() -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")}
-    return {**env, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", "MPLBACKEND": "Agg"}
-
-
-def torchrun(*args: str, processes: int = 2) -> subprocess.CompletedProcess[str]:
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={processes}", *args]
-    result = subprocess.run(command, capture_output=True, text=True, cwd=ROOT, env=environment(), timeout=300)
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-6000:]
-    return result
 
 
 @pytest.fixture

@@ -3,9 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -13,20 +10,15 @@ import pytest
 import torch
 
 from attribution.dictionaries import _parallel
+from tests._torchrun import torchrun
 from tests.attribution.dictionaries import _parallel_worker as worker
-
-ROOT = Path(__file__).resolve().parents[3]
 
 
 @pytest.fixture(scope="module")
 def two_processes(tmp_path_factory) -> Path:
     """Every run of the worker in one torchrun start with two processes."""
     out = tmp_path_factory.mktemp("torchrun")
-    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")}
-    env |= {"PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", worker.__file__]
-    result = subprocess.run([*command, str(out)], capture_output=True, text=True, cwd=ROOT, env=env, timeout=300)
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-6000:]
+    torchrun(worker.__file__, str(out))
     return out
 
 

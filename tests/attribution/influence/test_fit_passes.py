@@ -2,19 +2,14 @@
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
 import torch
 from torch import nn
 
 from attribution.influence import InfluenceFunction
+from tests._torchrun import torchrun
 from tests.attribution.influence import _torchrun_worker as worker
 
-ROOT = Path(__file__).resolve().parents[3]
 CE = nn.CrossEntropyLoss(reduction="none")
 
 
@@ -91,11 +86,7 @@ def test_scores_refuse_the_fitted_source_when_its_batches_changed():
 
 @pytest.mark.slow
 def test_two_torchrun_processes_give_the_one_process_factors_and_scores(tmp_path):
-    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")}
-    env |= {"PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", worker.__file__]
-    result = subprocess.run([*command, str(tmp_path)], capture_output=True, text=True, cwd=ROOT, env=env, timeout=300)
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-6000:]
+    torchrun(worker.__file__, str(tmp_path))
     two = torch.load(tmp_path / "two.pt", weights_only=True)
     one, scores, self_influence = worker.fitted()
     for key, value in one.state.items():
