@@ -261,3 +261,32 @@ def test_bad_settings_and_sources_get_clear_errors() -> None:
         InfluenceFunction(untrained, CE, method="arnoldi", damping=0.1, projection_dim=31).fit(data)
     with pytest.raises(RuntimeError, match=r"call \.fit"):
         InfluenceFunction(model, CE, method="arnoldi").scores((x, y), (x, y))
+
+
+@pytest.mark.peers
+def test_exact_equals_captum_naive_influence_function(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """captum 0.9's ``NaiveInfluenceFunction`` (the explicit Hessian) against ``method="exact"``, mapped as above.
+
+    captum keeps the ``projection_dim`` largest eigenpairs of the Hessian of the summed loss and adds ``hessian_reg``
+    (through a float32 identity: 0.5 is exact); with every eigenpair kept it is the damped inverse, so our
+    ``damping`` is ``hessian_reg / n`` and our scores are n times captum's.
+    """
+    captum = pytest.importorskip("captum.influence._core.influence_function")
+    model, (x, y) = _classifier()
+    path = tmp_path / "model.pt"
+    torch.save(model.state_dict(), path)
+    n = len(x)
+    parameters = sum(p.numel() for p in model.parameters())
+    expected = InfluenceFunction(model, CE, method="exact", damping=0.5 / n).fit((x, y)).scores((x[:6], y[:6]), (x, y))
+    reference = captum.NaiveInfluenceFunction(
+        model,
+        torch.utils.data.TensorDataset(x, y),
+        str(path),
+        loss_fn=CE,
+        batch_size=16,
+        projection_dim=parameters,
+        hessian_reg=0.5,
+        hessian_inverse_tol=-1e30,  # keep every eigenpair (the damped Hessian is positive definite here)
+    )
+    theirs = reference.influence((x[:6], y[:6])) * n
+    torch.testing.assert_close(expected, theirs, rtol=1e-9, atol=1e-9 * float(theirs.abs().max()))
