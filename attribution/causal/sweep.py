@@ -14,6 +14,7 @@ from .._run import eager_module, kept_state
 from ..patching.result import PatchingResult
 from ._data import Batches, prepare
 from .interchange import check_source_shapes
+from .interventions import Interchange, RotatedSubspace
 from .site import Resolved, Site, gather, resolve_site
 from .train import SCORING_BATCH, Schedule, accuracy, check_labels, fit, freeze
 
@@ -125,8 +126,6 @@ def cell_intervention(
     loss: Any,
 ) -> nn.Module:
     """The intervention of one cell: the identity for ``k = 0``, the swap for ``"all"``, else one trained."""
-    from .interventions import Interchange, RotatedSubspace
-
     r, data = prepared
     width = int(gather(data.source_acts[:1], r.site.positions, r.site.heads, r.n_heads).shape[-1])
     if k == 0:

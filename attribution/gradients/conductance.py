@@ -18,9 +18,9 @@ from torch import nn
 from .._results import AttributionsWithDelta
 from ..targets import Target, check_target
 from ._base import GradientMethod
-from ._quadrature import check_rule, integrate, nodes_and_weights, nodes_per_forward, path_chunks
+from ._quadrature import integrate, nodes_and_weights, nodes_per_forward, path_chunks
 from ._site import check_inputs, check_result, layer_outputs, repeat_target, resolved_target, site_gradient, with_delta
-from .integrated import Baseline, Method, check_batch_size, expanded_baseline
+from .integrated import Baseline, Method, checked_path, expanded_baseline
 
 
 def layer_path(
@@ -93,10 +93,13 @@ class LayerConductance(GradientMethod):
         super().__init__(model, layer=layer)
         if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
             raise ValueError(f"`steps` must be an integer of at least 1; got {steps!r}")
-        check_rule(method, steps + 1)
-        check_batch_size(internal_batch_size)
-        self.steps, self.method, self.baseline = steps, method, baseline
-        self.internal_batch_size = internal_batch_size
+        self.steps, self.method, self.baseline, self.internal_batch_size = checked_path(
+            steps,
+            method,
+            baseline,
+            internal_batch_size,
+            nodes=steps + 1,  # steps + 1 nodes, as captum
+        )
 
     @overload
     def __call__(
@@ -167,10 +170,9 @@ class InternalInfluence(GradientMethod):
         internal_batch_size: int | None = None,
     ) -> None:
         super().__init__(model, layer=layer)
-        check_rule(method, steps)
-        check_batch_size(internal_batch_size)
-        self.steps, self.method, self.baseline = steps, method, baseline
-        self.internal_batch_size = internal_batch_size
+        self.steps, self.method, self.baseline, self.internal_batch_size = checked_path(
+            steps, method, baseline, internal_batch_size
+        )
 
     def __call__(self, inputs: torch.Tensor, target: Target = None) -> torch.Tensor:
         """The internal influence of each unit of the layer's output, shaped like it."""

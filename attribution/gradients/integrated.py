@@ -63,12 +63,9 @@ class IntegratedGradients(GradientMethod):
         layer: str | nn.Module | None = None,
     ) -> None:
         super().__init__(model, layer=layer)
-        check_rule(method, steps)
-        check_batch_size(internal_batch_size)
-        self.steps = steps
-        self.method = method
-        self.baseline = baseline
-        self.internal_batch_size = internal_batch_size
+        self.steps, self.method, self.baseline, self.internal_batch_size = checked_path(
+            steps, method, baseline, internal_batch_size
+        )
 
     @overload
     def __call__(
@@ -128,6 +125,18 @@ class IntegratedGradients(GradientMethod):
     def _baseline(self, x: torch.Tensor) -> torch.Tensor:
         """The baseline, expanded to the shape of ``x`` (checked)."""
         return expanded_baseline(self.baseline, x)
+
+
+def checked_path(
+    steps: int, method: Method, baseline: Baseline, internal_batch_size: int | None, nodes: int | None = None
+) -> tuple[int, Method, Baseline, int | None]:
+    """A path method's four settings, checked (``nodes``: the rule's node count, ``steps`` if None).
+
+    Integrated Gradients and the layer and neuron path methods take the same four settings.
+    """
+    check_rule(method, steps if nodes is None else nodes)
+    check_batch_size(internal_batch_size)
+    return steps, method, baseline, internal_batch_size
 
 
 def check_batch_size(internal_batch_size: int | None) -> None:

@@ -14,9 +14,9 @@ from torch import nn
 
 from ..targets import Target, check_target
 from ._base import GradientMethod
-from ._quadrature import check_rule, integrate, nodes_and_weights, nodes_per_forward
+from ._quadrature import integrate, nodes_and_weights, nodes_per_forward
 from ._site import check_inputs, check_result, layer_outputs, repeat_target, resolved_target, site_gradient
-from .integrated import Baseline, Method, check_batch_size, expanded_baseline
+from .integrated import Baseline, Method, checked_path, expanded_baseline
 from .neuron import Neuron, neuron_input_gradient, neuron_scores
 
 
@@ -76,10 +76,9 @@ class NeuronConductance(GradientMethod):
         multiply_by_inputs: bool = True,
     ) -> None:
         super().__init__(model, layer=layer)
-        check_rule(method, steps)
-        check_batch_size(internal_batch_size)
-        self.steps, self.method, self.baseline = steps, method, baseline
-        self.internal_batch_size = internal_batch_size
+        self.steps, self.method, self.baseline, self.internal_batch_size = checked_path(
+            steps, method, baseline, internal_batch_size
+        )
         self.multiply_by_inputs = multiply_by_inputs
 
     def __call__(self, inputs: torch.Tensor, neuron: Neuron, target: Target = None) -> torch.Tensor:
@@ -124,10 +123,9 @@ class NeuronIntegratedGradients(GradientMethod):
         multiply_by_inputs: bool = True,
     ) -> None:
         super().__init__(model, layer=layer)
-        check_rule(method, steps)
-        check_batch_size(internal_batch_size)
-        self.steps, self.method, self.baseline = steps, method, baseline
-        self.internal_batch_size = internal_batch_size
+        self.steps, self.method, self.baseline, self.internal_batch_size = checked_path(
+            steps, method, baseline, internal_batch_size
+        )
         self.multiply_by_inputs = multiply_by_inputs
 
     def __call__(self, inputs: torch.Tensor, neuron: Neuron) -> torch.Tensor:

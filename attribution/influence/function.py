@@ -170,11 +170,11 @@ class InfluenceFunction:
     def _passes(self) -> list[tuple[str, BatchSums, Finish]]:
         """The fit's passes: what each sums per batch and how its sums become state."""
         if self.method == "diagonal":
-            return [("diagonal Fisher", self._diagonal_sums, self._diagonal)]
+            return [("diagonal Fisher", self._diagonal_sums, self._means)]
         if self.method in ("kfac", "ekfac"):
             passes: list[tuple[str, BatchSums, Finish]] = [("K-FAC factors", self._factor_sums, self._factors)]
             if self.method == "ekfac":
-                passes.append(("EK-FAC eigenvalues", self._refit_sums, self._refit))
+                passes.append(("EK-FAC eigenvalues", self._refit_sums, self._means))
             return passes
         return []
 
@@ -192,11 +192,6 @@ class InfluenceFunction:
         grads = per_example_gradients(self.model, batch, self._fisher_loss(generator), self.modules)
         count = torch.tensor(labels_of(batch).shape[0], dtype=torch.float64)
         return {"count": count, **{f"diagonal/{name}": (g**2).sum(0) for name, g in grads.items()}}
-
-    @staticmethod
-    def _diagonal(totals: dict[str, Tensor]) -> dict[str, Tensor]:
-        count = totals.pop("count")
-        return {key: value / count.to(value.dtype) for key, value in totals.items()}
 
     def _factor_sums(self, batch: Any, generator: torch.Generator) -> dict[str, Tensor]:
         """Per batch: ``sum a a^T``, ``sum_t delta delta^T`` and the positions per module, and the examples."""
@@ -234,8 +229,8 @@ class InfluenceFunction:
         return sums
 
     @staticmethod
-    def _refit(totals: dict[str, Tensor]) -> dict[str, Tensor]:
-        """Pass 2's end: the eigenvalues refit as the mean squared rotated per-example gradient."""
+    def _means(totals: dict[str, Tensor]) -> dict[str, Tensor]:
+        """The end of the diagonal's pass and of EK-FAC's second: each sum over the examples divided by their count."""
         count = totals.pop("count")
         return {key: value / count.to(value.dtype) for key, value in totals.items()}
 
