@@ -9,7 +9,11 @@ storages a call creates (``benchmarks._timing.memory``: the model's parameters a
 * Per-example gradients: a small pre-norm transformer (embedding, 2 blocks of LayerNorm, causal attention and MLP
   made of ``nn.Linear``, a head), float32, a batch of 16 sequences of 64 and of 256 tokens, width 64, vocabulary 256, a
   next-token loss summed over positions. ``torch.func.vmap(grad(...))`` over ``functional_call`` is the reference
-  (same numbers to float32 rounding, checked before timing).
+  (same numbers to float32 rounding, checked before timing). A wider model (width 256, vocabulary 8,192: 5.8M
+  parameters, so that the per-example gradients rather than the activations fill the memory) at 64 tokens.
+  Projected: ``RandomProjection(width, structured=True)`` (8 x 8 or 16 x 16 per matrix; the smallest parameters have
+  ``width`` numbers), ours computed from each linear layer's and the embedding's factors, against vmap's gradients
+  projected afterwards with the same matrices.
 * TracIn: an MLP (32-64-64-10) with 3 checkpoints, 20 test and 200 training examples, scores ``(20, 200)``, against
   captum's ``TracInCP`` with the same checkpoints (``sample_wise_grads_per_batch=False``, its exact per-example
   path, and ``True``, its hook-based path with a summed loss), training batches of 50. Same scores checked first.
@@ -33,33 +37,36 @@ from torch import nn
 from torch.func import functional_call, grad, vmap
 from torch.utils.data import TensorDataset
 
-from attribution.influence import InfluenceFunction, TracIn, per_example_gradients
+from attribution.influence import InfluenceFunction, RandomProjection, TracIn, per_example_gradients
 from benchmarks._timing import interleaved, memory, setup, table
 
 BATCH, LENGTH, WIDTH, VOCAB = 16, 64, 64, 256
+WIDE = (256, 8192)
+"""The wider model's width and vocabulary: its per-example gradients (5.8M numbers per example), not its
+activations, take most of the memory."""
 
 
 class Block(nn.Module):
-    def __init__(self) -> None:
+    def __init__(self, width: int) -> None:
         super().__init__()
-        self.ln1, self.ln2 = nn.LayerNorm(WIDTH), nn.LayerNorm(WIDTH)
-        self.qkv, self.out = nn.Linear(WIDTH, 3 * WIDTH), nn.Linear(WIDTH, WIDTH)
-        self.up, self.down = nn.Linear(WIDTH, 4 * WIDTH), nn.Linear(4 * WIDTH, WIDTH)
+        self.ln1, self.ln2 = nn.LayerNorm(width), nn.LayerNorm(width)
+        self.qkv, self.out = nn.Linear(width, 3 * width), nn.Linear(width, width)
+        self.up, self.down = nn.Linear(width, 4 * width), nn.Linear(4 * width, width)
 
     def forward(self, h: torch.Tensor) -> torch.Tensor:
         q, k, v = self.qkv(self.ln1(h)).chunk(3, dim=-1)
-        scores = q @ k.transpose(-1, -2) / WIDTH**0.5
+        scores = q @ k.transpose(-1, -2) / h.shape[-1] ** 0.5
         mask = torch.ones(h.shape[-2], h.shape[-2], dtype=torch.bool).triu(1)
         h = h + self.out(scores.masked_fill(mask, float("-inf")).softmax(-1) @ v)
         return h + self.down(torch.relu(self.up(self.ln2(h))))
 
 
 class TinyLM(nn.Module):
-    def __init__(self) -> None:
+    def __init__(self, width: int = WIDTH, vocab: int = VOCAB) -> None:
         super().__init__()
-        self.embed = nn.Embedding(VOCAB, WIDTH)
-        self.blocks = nn.Sequential(Block(), Block())
-        self.head = nn.Linear(WIDTH, VOCAB)
+        self.embed = nn.Embedding(vocab, width)
+        self.blocks = nn.Sequential(Block(width), Block(width))
+        self.head = nn.Linear(width, vocab)
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         return self.head(self.blocks(self.embed(ids)))
@@ -81,24 +88,36 @@ def vmap_gradients(model: nn.Module, ids: torch.Tensor) -> dict[str, torch.Tenso
     return vmap(grad(one), in_dims=(None, 0))(params, ids)  # type: ignore[no-any-return]
 
 
-def gradients_rows(rounds: int, length: int) -> list[list[str]]:
-    model = TinyLM().eval()
-    ids = torch.randint(0, VOCAB, (BATCH, length))
-    ours = per_example_gradients(model, (ids, ids), lambda out, batch: lm_loss(out, batch[1]))
-    theirs = vmap_gradients(model, ids)
-    worst = max(float((ours[k] - theirs[k]).abs().max() / theirs[k].abs().max()) for k in ours)
-    assert worst < 1e-4, worst
+def gradients_rows(rounds: int, length: int, width: int = WIDTH, vocab: int = VOCAB) -> list[list[str]]:
+    model = TinyLM(width, vocab).eval()
+    ids = torch.randint(0, vocab, (BATCH, length))
+    loss = lambda o, b: lm_loss(o, b[1])  # noqa: E731
+    projection = RandomProjection(width, structured=True)  # the smallest parameters have `width` numbers
+    for projected in (None, projection):
+        ours = per_example_gradients(model, (ids, ids), loss, projection=projected)
+        theirs = vmap_gradients(model, ids)
+        if projected is not None:
+            theirs = {k: projected(k, g) for k, g in theirs.items()}
+        worst = max(float((ours[k] - theirs[k]).abs().max() / theirs[k].abs().max()) for k in ours)
+        assert worst < 1e-4, worst
     variants = {
-        "per_example_gradients": lambda: per_example_gradients(model, (ids, ids), lambda o, b: lm_loss(o, b[1])),
+        "per_example_gradients": lambda: per_example_gradients(model, (ids, ids), loss),
         "vmap(grad)": lambda: vmap_gradients(model, ids),
+        f"per_example_gradients, structured projection to {width}": lambda: per_example_gradients(
+            model, (ids, ids), loss, projection=projection
+        ),
+        "vmap(grad), then the same projection": lambda: {
+            k: projection(k, g) for k, g in vmap_gradients(model, ids).items()
+        },
     }
     times = interleaved(variants, rounds, statistic=min, clock=time.process_time)
     peaks = {name: memory(fn)[0] for name, fn in variants.items()}
-    base = times["vmap(grad)"]
-    return [
-        [f"{name}, {length} tokens", f"{t * 1e3:.0f} ms", f"{t / base:.2f}x", f"{peaks[name]:.0f} MiB"]
-        for name, t in times.items()
-    ]
+    rows = []
+    for name, t in times.items():  # each against vmap's same numbers
+        base = times["vmap(grad), then the same projection" if "projection" in name else "vmap(grad)"]
+        model_name = f"{length} tokens" + (f", width {width}, vocabulary {vocab}" if width != WIDTH else "")
+        rows.append([f"{name}, {model_name}", f"{t * 1e3:.0f} ms", f"{t / base:.2f}x", f"{peaks[name]:.0f} MiB"])
+    return rows
 
 
 def tracin_rows(rounds: int) -> list[list[str]]:
@@ -182,6 +201,7 @@ def main() -> None:
     args = parser.parse_args()
     setup(threads=1)
     rows = gradients_rows(args.rounds, LENGTH) + gradients_rows(args.rounds, 4 * LENGTH)
+    rows += gradients_rows(args.rounds, LENGTH, *WIDE)
     grads = table(["per-example gradients", "CPU time", "vs vmap", "peak tensors"], rows)
     tracin = table(["TracIn (20 x 200, 3 checkpoints)", "CPU time", "vs hookscope"], tracin_rows(args.rounds))
     arnoldi = table(["Arnoldi (6,922 parameters, 20 x 200)", "CPU time", "vs hookscope"], arnoldi_rows(args.rounds))

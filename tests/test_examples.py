@@ -43,14 +43,14 @@ NEEDS = {  # rollout_demo skips MiniLM, metrics_demo the scikit-image photo, by 
 }
 
 SHORTER = {  # the same code paths with less of the work the documented run does
-    "circuits_ioi.py": ["--exact", "3", "--budgets", "100"],
+    "circuits_ioi.py": ["--exact", "3", "--budgets", "100", "--pairs", "3"],
     "ioi_demo.py": ["--pairs", "2"],
     "lens_demo.py": ["--pairs", "2"],
     "generation_demo.py": ["--tokens", "8"],
     "relp_ioi.py": ["--prompts", "2", "--every", "6"],
-    "dictionaries_smollm2.py": ["--sequences", "32", "--passes", "1"],
-    "features_smollm2.py": ["--sequences", "16", "--passes", "1", "--explain", "1"],
-    "attribution_graph.py": ["--max-nodes", "100", "--sequences", "16"],
+    "dictionaries_smollm2.py": ["--sequences", "32", "--passes", "1", "--held-out", "4"],
+    "features_smollm2.py": ["--sequences", "16", "--passes", "1", "--explain", "1", "--examples", "4"],
+    "attribution_graph.py": ["--max-nodes", "100", "--sequences", "16", "--draws", "2"],
     "perturbation_demo.py": "--photos 1 --masks 40 --coalitions 20 --prompts 2 --samples 1".split(),
     "gradients_demo.py": ["--photos", "1"],
     "probes_ioi.py": ["--prompts", "32", "--checked", "4", "--every", "6"],
@@ -72,7 +72,16 @@ def _available(script: Path) -> str | None:
 
 
 EXAMPLE_JOB = """
-import runpy
+import os, runpy, sys
+
+try:  # SmolLM2 loaded once per zygote: each example is a fork, so what it does to the model stays in it
+    sys.path.insert(0, "examples")
+    import _smollm2
+
+    _loaded = _smollm2.load_smollm2()
+    _smollm2.load_smollm2 = lambda: _loaded
+except ModuleNotFoundError:  # no transformers, gguf, accelerate or weights: those examples are skipped
+    pass
 
 
 def job(request):
@@ -93,7 +102,7 @@ def runs(
     """Every selected and runnable example started at once, two at a time, on one thread each (two cores busy).
 
     Each of the two workers forks its examples from its own zygote (``tests/_zygote.py``: torch, transformers, timm
-    and matplotlib imported once); ``OMP_NUM_THREADS=1`` (and
+    and matplotlib imported once, SmolLM2 loaded once); ``OMP_NUM_THREADS=1`` (and
     ``--threads 1`` where an example takes it) keeps two of them from competing for the same core.
     """
     env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "MPLBACKEND": "Agg"}

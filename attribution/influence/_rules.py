@@ -31,6 +31,25 @@ def linear(a: Tensor, delta: Tensor, *, bias: bool) -> dict[str, Tensor]:
     return out
 
 
+def outer_factors(module: nn.Module, a: Tensor, delta: Tensor) -> tuple[Tensor, Tensor] | None:
+    """``(left, right)`` with the weight gradient ``sum_t left_t right_t^T`` per example, ``(batch, positions, .)``.
+
+    ``nn.Linear``'s ``(out, in)`` weight: ``(delta, a)``; HF ``Conv1D``'s ``(in, out)`` weight: ``(a, delta)``;
+    ``nn.Embedding``'s ``(num_embeddings, dim)`` weight: ``(indices, delta)`` with ``left`` the ``(batch, positions)``
+    token ids standing for one-hot rows (the ``padding_idx`` positions' ``delta`` zeroed, as autograd leaves that row).
+    ``None`` for other modules.
+    """
+    batch = delta.shape[0]
+    d3 = delta.reshape(batch, -1, delta.shape[-1])
+    if isinstance(module, nn.Embedding) and not module.scale_grad_by_freq:
+        ids = a.reshape(batch, -1)
+        return ids, d3 if module.padding_idx is None else d3 * (ids != module.padding_idx).unsqueeze(-1).to(d3.dtype)
+    if not (isinstance(module, nn.Linear) or _is_hf_conv1d(module)):
+        return None
+    a3 = a.reshape(batch, -1, a.shape[-1])
+    return (d3, a3) if isinstance(module, nn.Linear) else (a3, d3)
+
+
 def conv(
     a: Tensor,
     delta: Tensor,

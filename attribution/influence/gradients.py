@@ -22,7 +22,7 @@ from hooks import HookManager, ModuleTarget, resolve
 from .._run import kept_state
 from ._batches import Loss, check_loss, forward, labels_of, per_example_losses
 from ._outside import OutsideUses
-from ._rules import needs_plain_module, rule_for
+from ._rules import needs_plain_module, outer_factors, rule_for
 
 if TYPE_CHECKING:
     from .projection import RandomProjection
@@ -128,7 +128,11 @@ def session(
     targets = [module for _, module in select_modules(model, modules)]
     watched = {id(p) for module in targets for p in module.parameters(recurse=False) if p.requires_grad}
     names = {id(p): name for name, p in model.named_parameters() if id(p) in watched}  # in named_parameters order
-    calls, outside = _Calls(), OutsideUses(names)
+    if projection is not None:  # before any work: every parameter's gradient must be at least `dim` numbers
+        sizes = {id(p): p.numel() for p in model.parameters()}
+        for key, name in names.items():
+            projection.check(name, sizes[key])
+    calls, outside = _Calls(names, projection), OutsideUses(names)
     with kept_state(model), HookManager(model) as manager:
         group = manager.group("per-example-gradients")
         group.forward_pre(targets, outside.enter, with_kwargs=True)
@@ -146,11 +150,11 @@ def session(
             finally:
                 group.activate()
             params = dict(model.named_parameters())
-            result = {
-                name: calls.sums[key] if key in calls.sums else params[name].new_zeros(calls.size, *params[name].shape)
+            shapes = {name: (projection.dim,) if projection else params[name].shape for name in names.values()}
+            return {
+                name: calls.sums[key] if key in calls.sums else params[name].new_zeros(calls.size, *shapes[name])
                 for key, name in names.items()
             }  # fmt: skip  (zeros only for a parameter that got no gradient)
-            return result if projection is None else {name: projection(name, g) for name, g in result.items()}
 
         yield run
 
@@ -176,7 +180,8 @@ def _one_pass(model: nn.Module, batch: Any, loss: Loss, calls: _Calls, outside: 
 class _Calls:
     """What the hooks of one run gather: per-parameter sums, the tensors the backward must reach, deferred norms."""
 
-    def __init__(self) -> None:
+    def __init__(self, names: dict[int, str], projection: RandomProjection | None) -> None:
+        self.names, self.projection = names, projection
         self.reset(0)
 
     def reset(self, size: int) -> None:
@@ -187,13 +192,35 @@ class _Calls:
         self.deferred: list[tuple[nn.Module, Tensor, Tensor]] = []
 
     def add(self, module: nn.Module, a: Tensor, delta: Tensor) -> None:
-        """Apply the module's rule and add each trainable parameter's share to its sum."""
+        """Apply the module's rule and add each trainable parameter's share to its sum.
+
+        With a projection each share is projected at once (a projection is linear, so the sum of the projected shares
+        is the projected sum): only one module's unprojected gradients are ever held.
+        """
+        for p, g in self._shares(module, a, delta):
+            self.sums[id(p)] = self.sums[id(p)] + g if id(p) in self.sums else g
+
+    def _shares(self, module: nn.Module, a: Tensor, delta: Tensor) -> Iterator[tuple[Tensor, Tensor]]:
+        """Each trainable parameter of ``module`` and its per-example gradient from this call (projected if asked).
+
+        A structured projection of a linear layer's weight is computed from its factors, never forming the
+        ``(batch, out, in)`` gradient; the bias by the rule.
+        """
+        projection, weight = self.projection, getattr(module, "weight", None)
+        factors = outer_factors(module, a, delta) if projection is not None and projection.structured else None
+        if factors is not None and isinstance(weight, Tensor) and weight.requires_grad and weight.ndim == 2:
+            assert projection is not None
+            yield weight, projection.outer(self.names[id(weight)], *factors, rows=weight.shape[0])
+            bias = getattr(module, "bias", None)
+            if isinstance(bias, Tensor) and bias.requires_grad:
+                yield bias, projection(self.names[id(bias)], factors[0 if isinstance(module, nn.Linear) else 1].sum(1))
+            return
         rule = rule_for(module)
         assert rule is not None
         for key, g in rule(module, a, delta).items():
             p = getattr(module, key)
             if isinstance(p, Tensor) and p.requires_grad:
-                self.sums[id(p)] = self.sums[id(p)] + g if id(p) in self.sums else g
+                yield p, g if projection is None else projection(self.names[id(p)], g)
 
     def forward(self, module: nn.Module, args: Any, kwargs: Any, output: Any) -> Any:
         """Note what the backward must reach; expand a batch-wide output (batch 1) to the batch."""

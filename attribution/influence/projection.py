@@ -28,10 +28,19 @@ class RandomProjection:
     seeded with a stable hash of ``seed``, the parameter's name and the block: every process and every call draws
     the same matrix for the same name, ``dim`` and gradient size.
 
+    ``structured=True`` (``dim`` a square ``k * k``) projects a matrix parameter's gradient ``G (rows, cols)`` to
+    ``P_rows G P_cols^T`` with two seeded ``(k, rows)`` and ``(k, cols)`` matrices of entries ``+-1 / sqrt(k)`` (or
+    normal), LoGra's Kronecker form: inner products are again kept in expectation, and a linear layer's projected
+    gradient ``sum_t (P_out delta_t)(P_in a_t)^T`` is computed from its input and output gradient without forming the
+    per-example ``(out, in)`` gradient (:func:`per_example_gradients` does so for ``nn.Linear`` and HF ``Conv1D``),
+    so per-example gradients of sequences take far less memory. Other parameters (vectors, convolution kernels, a
+    matrix with fewer than ``k`` rows or columns) get the dense projection.
+
     Args:
         dim: the projected size of every parameter's gradient.
         kind: ``"rademacher"`` or ``"gaussian"``.
         seed: the seed.
+        structured: the Kronecker form for matrix parameters (``dim`` must be a square).
 
     Example:
         >>> import torch
@@ -43,37 +52,84 @@ class RandomProjection:
         True
     """
 
-    def __init__(self, dim: int, kind: str = "rademacher", seed: int = 0) -> None:
+    def __init__(self, dim: int, kind: str = "rademacher", seed: int = 0, structured: bool = False) -> None:
         if not isinstance(dim, int) or dim < 1:
             raise ValueError(f"`dim` must be a positive int; got {dim!r}")
         if kind not in ("rademacher", "gaussian"):
             raise ValueError(f"`kind` must be 'rademacher' or 'gaussian'; got {kind!r}")
-        self.dim, self.kind, self.seed = dim, kind, int(seed)
+        self.side = math.isqrt(dim)
+        if structured and self.side**2 != dim:
+            near = ", ".join(str(k * k) for k in (self.side, self.side + 1) if k)
+            raise ValueError(
+                f"a structured projection maps a matrix gradient to k x k numbers, so `dim` must be a square; got "
+                f"{dim}. Use {near} (or structured=False)"
+            )
+        self.dim, self.kind, self.seed, self.structured = dim, kind, int(seed), bool(structured)
+
+    def _draw(self, shape: tuple[int, int], seed: int, scale: int) -> Tensor:
+        generator = torch.Generator().manual_seed(seed)
+        if self.kind == "rademacher":
+            values = torch.randint(0, 2, shape, generator=generator, dtype=torch.float32).mul_(2).sub_(1)
+        else:
+            values = torch.randn(shape, generator=generator, dtype=torch.float32)
+        return values.div_(math.sqrt(scale))
 
     def blocks(self, name: str, size: int) -> Iterator[tuple[int, Tensor]]:
         """The matrix of parameter ``name`` for a gradient of ``size`` numbers: ``(first column, (dim, columns))``."""
         width = max(1, _BLOCK // self.dim)
         for block, start in enumerate(range(0, size, width)):
-            generator = torch.Generator().manual_seed(_seed(self.seed, name, block))
-            shape = (self.dim, min(width, size - start))
-            if self.kind == "rademacher":
-                values = torch.randint(0, 2, shape, generator=generator, dtype=torch.float32).mul_(2).sub_(1)
-            else:
-                values = torch.randn(shape, generator=generator, dtype=torch.float32)
-            yield start, values.div_(math.sqrt(self.dim))
+            yield start, self._draw((self.dim, min(width, size - start)), _seed(self.seed, name, block), self.dim)
+
+    def factors(self, name: str, rows: int, cols: int) -> tuple[Tensor, Tensor] | None:
+        """The structured form's ``(k, rows)`` and ``(k, cols)`` matrices of a matrix parameter ``name``.
+
+        ``None`` where that parameter gets the dense projection: not structured, or fewer than ``k`` rows or columns.
+        """
+        if not self.structured or rows < self.side or cols < self.side:
+            return None
+        left = self._draw((self.side, rows), _seed(self.seed, f"{name}/rows", 0), self.side)
+        return left, self._draw((self.side, cols), _seed(self.seed, f"{name}/cols", 0), self.side)
+
+    def outer(self, name: str, left: Tensor, right: Tensor, rows: int | None = None) -> Tensor:
+        """Project ``sum_t left_t right_t^T`` per example (``left (batch, T, rows)``, ``right (batch, T, cols)``).
+
+        The structured form never forms the ``(batch, rows, cols)`` sum: ``(P_rows left)^T (P_cols right)`` summed
+        over ``t``. Equal to ``self(name, left^T right)`` (the dense projection where that parameter gets it).
+        ``left`` may be integer ids ``(batch, T)`` standing for one-hot rows of a ``rows``-row matrix (an embedding).
+        """
+        one_hot = not left.is_floating_point()
+        if one_hot and rows is None:
+            raise ValueError("`rows` is needed where `left` holds ids (one-hot rows)")
+        height = int(rows) if one_hot else left.shape[-1]  # type: ignore[arg-type]
+        pair = self.factors(name, height, right.shape[-1])
+        if pair is None:
+            if one_hot:
+                left = torch.nn.functional.one_hot(left, height).to(right.dtype)
+            return self(name, torch.bmm(left.transpose(1, 2), right))
+        p_rows, p_cols = (m.to(right.device, right.dtype) for m in pair)
+        projected = p_rows.T[left] if one_hot else left @ p_rows.T  # (batch, T, k)
+        return torch.bmm(projected.transpose(1, 2), right @ p_cols.T).reshape(right.shape[0], self.dim)
 
     def matrix(self, name: str, size: int) -> Tensor:
         """The whole ``(dim, size)`` matrix of parameter ``name`` (for tests and small parameters)."""
         return torch.cat([values for _, values in self.blocks(name, size)], dim=1)
 
+    def check(self, name: str, size: int) -> None:
+        """Raise where a parameter's gradient (``size`` numbers) is smaller than ``dim``."""
+        if self.dim > size:
+            raise ValueError(
+                f"`dim`={self.dim} is larger than the gradient of {name!r} ({size} numbers): a projection "
+                f"cannot add information. Use dim <= {size}, or leave that module out with `modules=`"
+            )
+
     def __call__(self, name: str, gradients: Tensor) -> Tensor:
         """Project ``gradients (batch, *parameter.shape)`` of parameter ``name`` to ``(batch, dim)``."""
         flat = gradients.reshape(gradients.shape[0], -1)
-        if self.dim > flat.shape[1]:
-            raise ValueError(
-                f"`dim`={self.dim} is larger than the gradient of {name!r} ({flat.shape[1]} numbers): a projection "
-                f"cannot add information. Use dim <= {flat.shape[1]}, or leave that module out with `modules=`"
-            )
+        self.check(name, flat.shape[1])
+        pair = self.factors(name, *gradients.shape[1:]) if gradients.ndim == 3 else None
+        if pair is not None:  # the structured form of a matrix parameter: P_rows G P_cols^T
+            p_rows, p_cols = (m.to(gradients.device, gradients.dtype) for m in pair)
+            return (p_rows @ gradients @ p_cols.T).reshape(gradients.shape[0], self.dim)
         out = flat.new_zeros(flat.shape[0], self.dim)
         for start, values in self.blocks(name, flat.shape[1]):
             block = values.to(flat.device, flat.dtype)
@@ -81,4 +137,5 @@ class RandomProjection:
         return out
 
     def __repr__(self) -> str:
-        return f"RandomProjection(dim={self.dim}, kind={self.kind!r}, seed={self.seed})"
+        structured = ", structured=True" if self.structured else ""
+        return f"RandomProjection(dim={self.dim}, kind={self.kind!r}, seed={self.seed}{structured})"
