@@ -14,7 +14,9 @@ from torch import Tensor, nn
 
 from hooks import ModuleTarget
 
+from ..datasets import Results, tensor_digest
 from ._batches import batches, check_loss
+from ._stream import stream_rows
 from .gradients import select_modules, session
 from .projection import RandomProjection
 
@@ -95,6 +97,57 @@ class TracIn:
         values, indices = scores.topk(min(k, scores.shape[1]), dim=1, largest=proponents)
         return values, indices
 
+    def stream_scores(
+        self, test: Any, train: Any, out: str | Path, *, batch_size: int = 64, progress: bool = False,
+        overwrite: bool = False,
+    ) -> Results:  # fmt: skip
+        """The scores of a large training set written to ``out`` by the dataset store, one row per training example.
+
+        ``results.maps[j]`` is training example ``j``'s column of :meth:`scores`, ``(n_test,)``, stored as float32.
+        The test examples' gradients are computed once per checkpoint and held (use ``projection`` for large
+        models); each training batch then runs once per checkpoint (path checkpoints are read once). The rows go to
+        disk in shards, each written atomically; a killed run called again resumes with the missing shards (only for
+        the same checkpoints, learning rates, test examples and settings); under ``torchrun`` each process computes
+        its share of the shards.
+
+        Args:
+            test: the test batch (or batches).
+            train: a map-style ``Dataset`` of ``(input, label)`` items (or dicts with ``labels``), or a
+                ``DataLoader`` of one (its batch size and ``collate_fn`` are kept; items in index order).
+            out: the output folder.
+            batch_size: training examples per batch (for a ``Dataset``).
+            progress: a progress bar.
+            overwrite: delete results already in ``out`` and start over.
+
+        Returns:
+            The stored :class:`~attribution.datasets.Results` (read lazily).
+        """
+        states = [(self._read(state), rate) for state, rate in self.checkpoints]
+        tests = []
+        for state, _ in states:
+            with self._loaded(state), self._session() as run:
+                tests.append(_cat([_flat(run(batch)) for batch in batches(test)]))
+        identity = [repr((self.modules, self.projection, [rate for _, rate in states]))]
+        identity += ["/".join(f"{key}:{tensor_digest(value)}" for key, value in state.items()) for state, _ in states]
+        identity += [tensor_digest(torch.cat([g.reshape(-1) for g in grads.values()])) for grads in tests]
+
+        def rows(batch: Any) -> Tensor:
+            total: Tensor | None = None
+            for (state, rate), grads in zip(states, tests, strict=True):
+                with self._loaded(state), self._session() as run:
+                    block = rate * _dot(grads, _flat(run(batch))).T
+                total = block if total is None else total + block
+            assert total is not None
+            return total
+
+        return stream_rows(
+            rows, train, out, identity, batch_size=batch_size, progress=progress, overwrite=overwrite
+        )  # fmt: skip
+
+    @staticmethod
+    def _read(state: Mapping[str, Tensor] | str | Path) -> Mapping[str, Tensor]:
+        return state if isinstance(state, Mapping) else torch.load(state, map_location="cpu", weights_only=True)
+
     def _session(self) -> AbstractContextManager[Callable[[Any], dict[str, Tensor]]]:
         """The model hooked once for a pass over the data (see :func:`per_example_gradients`)."""
         return session(self.model, self.loss, self.modules, self.projection)
@@ -102,7 +155,7 @@ class TracIn:
     @contextmanager
     def _loaded(self, state: Mapping[str, Tensor] | str | Path) -> Iterator[None]:
         """Load a checkpoint for the body; then put the model's own parameters and buffers back, also on errors."""
-        values = state if isinstance(state, Mapping) else torch.load(state, map_location="cpu", weights_only=True)
+        values = self._read(state)
         own = self.model.state_dict()
         _check_matches(values, own)
         saved = {key: value.detach().clone() for key, value in own.items()}

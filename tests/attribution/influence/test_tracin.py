@@ -133,3 +133,36 @@ def test_mismatched_checkpoint_and_bad_arguments_are_refused():
         TracIn(model, [states[0]], CE)
     with pytest.raises(ValueError, match="reduction='mean'"):
         TracIn(model, [(states[0], 0.1)], nn.CrossEntropyLoss())
+
+
+class _CountingCE(nn.CrossEntropyLoss):
+    def __init__(self) -> None:
+        super().__init__(reduction="none")
+        self.calls = 0
+
+    def forward(self, outputs: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        self.calls += 1
+        return super().forward(outputs, labels)
+
+
+def test_streamed_scores_are_the_scores_row_by_row_and_a_second_run_reads_them_back(tmp_path):
+    model, x, y, states = mlp_setting()
+    torch.save(states[1], tmp_path / "1.pt")  # a path checkpoint beside state dicts
+    checkpoints = [(states[0], 0.3), (str(tmp_path / "1.pt"), 0.2), (states[2], 0.1)]
+    tracin, dataset = TracIn(model, checkpoints, CE), TensorDataset(x[2:], y[2:])
+    before, own = hook_state(model), {k: v.clone() for k, v in model.state_dict().items()}
+    results = tracin.stream_scores((x[:2], y[:2]), dataset, tmp_path / "scores", batch_size=4)
+    assert hook_state(model) == before and all(torch.equal(v, own[k]) for k, v in model.state_dict().items())
+    expected = tracin.scores((x[:2], y[:2]), (x[2:], y[2:]))
+    stored = torch.stack([torch.as_tensor(results.maps[j]) for j in range(len(results))])
+    assert stored.shape == (10, 2)
+    torch.testing.assert_close(stored.double(), expected.T, rtol=1e-6, atol=1e-6 * float(expected.abs().max()))
+    counting = _CountingCE()
+    again = TracIn(model, checkpoints, counting).stream_scores((x[:2], y[:2]), dataset, tmp_path / "scores")
+    assert counting.calls == 3  # the test batch once per checkpoint: every training row read back from the store
+    assert torch.equal(torch.as_tensor(again.maps[9]), torch.as_tensor(results.maps[9]))
+    other_rate = TracIn(model, [*checkpoints[:2], (states[2], 0.5)], CE)
+    for run in (lambda: other_rate.stream_scores((x[:2], y[:2]), dataset, tmp_path / "scores"),
+                lambda: tracin.stream_scores((x[:3], y[:3]), dataset, tmp_path / "scores")):  # fmt: skip
+        with pytest.raises(ValueError, match="other settings"):  # another computation: refused, nothing mixed
+            run()
