@@ -27,26 +27,38 @@ def check_dimensions(arnoldi_dim: int, projection_dim: int) -> None:
         )
 
 
+Progress = tuple[Tensor, Tensor, int]
+"""An unfinished iteration: the basis rows so far, ``T`` so far and the number of steps done."""
+
+
 def arnoldi(
     hvp: Callable[[Tensor], Tensor],
     start: Tensor,
     steps: int,
     tol: float | None = None,
     loop: Callable[[Iterable[int]], Iterable[int]] = iter,
+    resume: Progress | None = None,
+    after_step: Callable[[Progress], None] | None = None,
 ) -> tuple[Tensor, Tensor]:
     """Orthonormal Krylov basis ``Q`` ``(n, m)`` and ``T = Q^T A Q`` ``(m, m)``, ``m <= steps`` products ``A q``.
 
     Gram-Schmidt is run twice per step ("twice is enough": the basis stays orthonormal to round-off). The iteration
     stops early when the new direction's norm is below ``tol`` (default: the square root of the dtype's epsilon)
-    times that of ``A q``: the space is then invariant. ``loop`` wraps the steps (a progress bar).
+    times that of ``A q``: the space is then invariant. ``loop`` wraps the steps (a progress bar). ``after_step``
+    gets the progress after every step that leaves more to do; ``resume`` continues from such a progress, to the
+    same result bitwise (each step depends only on the rows and ``T`` before it).
     """
     if tol is None:
         tol = torch.finfo(start.dtype).eps ** 0.5
-    rows = start.new_zeros(steps, len(start))  # the basis vectors, one per row
-    rows[0] = start / torch.linalg.vector_norm(start)
-    restricted = start.new_zeros(steps + 1, steps)  # T, with T[k + 1, k] = |residual of step k|
+    if resume is not None:
+        rows, restricted, done = resume[0].clone(), resume[1].clone(), resume[2]
+    else:
+        rows = start.new_zeros(steps, len(start))  # the basis vectors, one per row
+        rows[0] = start / torch.linalg.vector_norm(start)
+        restricted = start.new_zeros(steps + 1, steps)  # T, with T[k + 1, k] = |residual of step k|
+        done = 0
     m = steps
-    for k in loop(range(steps)):
+    for k in loop(range(done, steps)):
         product = hvp(rows[k])
         q = rows[: k + 1]
         first = q @ product
@@ -59,6 +71,8 @@ def arnoldi(
             m = k + 1
             break
         rows[k + 1] = residual / norm
+        if after_step is not None:
+            after_step((rows, restricted, k + 1))
     return rows[:m].T, restricted[:m, :m]
 
 

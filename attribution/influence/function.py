@@ -125,12 +125,15 @@ class InfluenceFunction:
 
         Under ``torchrun`` every process passes the whole source and computes its share of the batches; the sums
         are added over the processes (the diagonal, K-FAC and EK-FAC passes). ``checkpoint``: a file written at most
-        every ``checkpoint_every`` seconds and after each pass (one per process under torchrun); a fit killed
-        before the end and called again with the same arguments resumes from it, to the same factors bitwise. It
-        applies to the diagonal, K-FAC and EK-FAC (the exact and Arnoldi fits hold no running sums).
+        every ``checkpoint_every`` seconds and after each pass (one per process under torchrun; for Arnoldi, after a
+        step: each step is a pass); a fit killed before the end and called again with the same arguments resumes
+        from it, to the same factors (or eigenpairs) bitwise. It applies to every method but ``"exact"`` and
+        ``"identity"`` (no pass to resume).
         """
-        if checkpoint is not None and self.method not in ("diagonal", "kfac", "ekfac"):
-            raise ValueError(f"`checkpoint` applies to the diagonal, K-FAC and EK-FAC fits, not method={self.method!r}")
+        if checkpoint is not None and self.method in ("exact", "identity"):
+            raise ValueError(
+                f"`checkpoint` applies to the diagonal, K-FAC, EK-FAC and Arnoldi fits, not method={self.method!r}"
+            )
         saver = Checkpoint(checkpoint, self._settings(), checkpoint_every) if checkpoint is not None else None
         saved = saver.load() if saver is not None else {"finished": {}, "running": None}
         self.state, digests = {}, []
@@ -151,7 +154,7 @@ class InfluenceFunction:
             hessian = exact_hessian(self.model, train, self.loss, self._parameters())
             self.state = {"inverse": self._damped_inverse(hessian)}
         elif self.method == "arnoldi":
-            self.state = self._arnoldi(train)
+            self.state = self._arnoldi(train, saver)
         self.state["fitted"] = torch.ones(())
         self.train_digests, self._source = digests, train
         return self
@@ -165,7 +168,11 @@ class InfluenceFunction:
             "seed": self.seed,
             "modules": [n for n, _ in self.chosen],
             "model": model_digest(self.model),
+            **(self._dimensions() if self.method == "arnoldi" else {}),
         }
+
+    def _dimensions(self) -> dict[str, int]:
+        return {"arnoldi_dim": self.arnoldi_dim, "projection_dim": self.projection_dim}
 
     def _passes(self) -> list[tuple[str, BatchSums, Finish]]:
         """The fit's passes: what each sums per batch and how its sums become state."""
@@ -262,8 +269,21 @@ class InfluenceFunction:
             )
         return damping
 
-    def _arnoldi(self, train: Any) -> dict[str, Tensor]:
-        """The top eigenpairs of the Hessian of the mean training loss, by Arnoldi iteration on its products."""
+    def _arnoldi(self, train: Any, saver: Checkpoint | None) -> dict[str, Tensor]:
+        """The top eigenpairs of the Hessian of the mean training loss, by Arnoldi iteration on its products.
+
+        With a checkpoint, the iteration's progress is saved after each step (at most every ``checkpoint_every``
+        seconds) and a saved one is resumed.
+        """
+        saved = saver.load().get("arnoldi") if saver is not None else None
+        resume = (saved["rows"], saved["restricted"], int(saved["done"])) if saved is not None else None
+
+        def keep(done: tuple[Tensor, Tensor, int]) -> None:
+            if saver is not None:
+                rows, restricted, steps = done
+                saver.save({"finished": {}, "running": None, "arnoldi": {"rows": rows, "restricted": restricted,
+                                                                         "done": steps}})  # fmt: skip
+
         params = self._parameters()
         hvp = hessian_vector_products(self.model, train, self.loss, params)
         generator = torch.Generator().manual_seed(self.seed)  # captum's start: randn per parameter, in order
@@ -272,7 +292,9 @@ class InfluenceFunction:
         def loop(steps: Any) -> Any:
             return progress(steps, desc="Arnoldi iteration", enabled=self.progress, total=self.arnoldi_dim)
 
-        basis, restricted = arnoldi(hvp, start.to(params[0][1].device), self.arnoldi_dim, loop=loop)
+        basis, restricted = arnoldi(
+            hvp, start.to(params[0][1].device), self.arnoldi_dim, loop=loop, resume=resume, after_step=keep
+        )
         values, vectors = top_eigenpairs(basis, restricted, self.projection_dim)
         self._eigen_damping(values)  # refuse a Hessian the damping leaves indefinite now, not when scoring
         return {"eigenvalues": values, "eigenvectors": vectors}
@@ -413,7 +435,7 @@ class InfluenceFunction:
     def save(self, path: str | Path) -> None:
         """Write the fitted curvature and the settings to ``path`` (``torch.save``, written atomically)."""
         settings = {"method": self.method, "damping": self.damping, "fisher": self.fisher, "seed": self.seed}
-        settings.update(arnoldi_dim=self.arnoldi_dim, projection_dim=self.projection_dim)
+        settings.update(self._dimensions())
         target = Path(path)
         partial = target.with_name(target.name + ".partial")
         torch.save({"settings": settings, "state": self.state, "modules": [n for n, _ in self.chosen]}, partial)

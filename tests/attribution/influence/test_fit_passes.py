@@ -47,6 +47,22 @@ def test_a_fit_killed_in_either_pass_resumes_to_the_same_state_bitwise(tmp_path,
     assert counting.calls == 5 * passes - (after - 1)  # the batches done before the kill were not computed again
 
 
+def test_an_arnoldi_fit_killed_mid_iteration_resumes_to_the_same_eigenpairs_bitwise(tmp_path):
+    model, train, _ = worker.setting()
+    settings = {"method": "arnoldi", "arnoldi_dim": 6, "projection_dim": 3, "damping": 0.1, "progress": False}
+    whole = InfluenceFunction(model, CE, **settings).fit(train).state
+    path = tmp_path / "fit.ckpt"
+    with pytest.raises(Interrupted):  # 5 batches a step: call 13 is in step 3, after steps 1 and 2 were saved
+        InfluenceFunction(model, Counting(13), **settings).fit(train, path, 0.0)
+    counting = Counting()
+    resumed = InfluenceFunction(model, counting, **settings).fit(train, path, 0.0).state
+    assert sorted(resumed) == sorted(whole)
+    assert all(torch.equal(resumed[k], whole[k]) for k in whole)
+    assert counting.calls == 5 * 6 - 10  # steps 3 to 6 only
+    with pytest.raises(ValueError, match=r"another fit.*arnoldi_dim"):  # another Krylov space: refused
+        InfluenceFunction(model, CE, **{**settings, "arnoldi_dim": 8}).fit(train, path)
+
+
 def test_a_checkpoint_is_refused_for_another_fit_or_other_batches(tmp_path):
     model, train, _ = worker.setting()
     path = tmp_path / "fit.ckpt"
@@ -61,7 +77,7 @@ def test_a_checkpoint_is_refused_for_another_fit_or_other_batches(tmp_path):
         model[0].weight[0, 0] += 1
     with pytest.raises(ValueError, match="model"):
         InfluenceFunction(model, CE, progress=False).fit(train, path)
-    with pytest.raises(ValueError, match="applies to the diagonal"):
+    with pytest.raises(ValueError, match="applies to the diagonal, K-FAC, EK-FAC and Arnoldi fits, not method='exact'"):
         InfluenceFunction(model, CE, method="exact", progress=False).fit(train, path)
 
 
