@@ -108,16 +108,9 @@ class TracIn:
         models); each training batch then runs once per checkpoint (path checkpoints are read once). The rows go to
         disk in shards, each written atomically; a killed run called again resumes with the missing shards (only for
         the same checkpoints, learning rates, test examples and settings); under ``torchrun`` each process computes
-        its share of the shards.
-
-        Args:
-            test: the test batch (or batches).
-            train: a map-style ``Dataset`` of ``(input, label)`` items (or dicts with ``labels``), or a
-                ``DataLoader`` of one (its batch size and ``collate_fn`` are kept; items in index order).
-            out: the output folder.
-            batch_size: training examples per batch (for a ``Dataset``).
-            progress: a progress bar.
-            overwrite: delete results already in ``out`` and start over.
+        its share of the shards. The arguments are those of
+        :meth:`attribution.InfluenceFunction.stream_scores` (``train``: a map-style ``Dataset`` or a ``DataLoader`` of
+        one; ``progress``: a progress bar).
 
         Returns:
             The stored :class:`~attribution.datasets.Results` (read lazily).
