@@ -116,26 +116,30 @@ class TracIn:
             The stored :class:`~attribution.datasets.Results` (read lazily).
         """
         states = [(self._read(state), rate) for state, rate in self.checkpoints]
-        tests = []
         for state, _ in states:
-            with self._loaded(state), self._session() as run:
+            _check_matches(state, self.model.state_dict())
+        # the model's own state kept and the hooks registered once for the whole run, not per training batch
+        with self._own_state_kept(), self._session() as run:
+            tests = []
+            for state, _ in states:
+                self.model.load_state_dict(state)
                 tests.append(_cat([_flat(run(batch)) for batch in batches(test)]))
-        identity = [repr((self.modules, self.projection, [rate for _, rate in states]))]
-        identity += ["/".join(f"{key}:{tensor_digest(value)}" for key, value in state.items()) for state, _ in states]
-        identity += [tensor_digest(torch.cat([g.reshape(-1) for g in grads.values()])) for grads in tests]
+            identity = [repr((self.modules, self.projection, [rate for _, rate in states]))]
+            identity += ["/".join(f"{k}:{tensor_digest(v)}" for k, v in state.items()) for state, _ in states]
+            identity += [tensor_digest(torch.cat([g.reshape(-1) for g in grads.values()])) for grads in tests]
 
-        def rows(batch: Any) -> Tensor:
-            total: Tensor | None = None
-            for (state, rate), grads in zip(states, tests, strict=True):
-                with self._loaded(state), self._session() as run:
+            def rows(batch: Any) -> Tensor:
+                total: Tensor | None = None
+                for (state, rate), grads in zip(states, tests, strict=True):
+                    self.model.load_state_dict(state)
                     block = rate * _dot(grads, _flat(run(batch))).T
-                total = block if total is None else total + block
-            assert total is not None
-            return total
+                    total = block if total is None else total + block
+                assert total is not None
+                return total
 
-        return stream_rows(
-            rows, train, out, identity, batch_size=batch_size, progress=progress, overwrite=overwrite
-        )  # fmt: skip
+            return stream_rows(
+                rows, train, out, identity, batch_size=batch_size, progress=progress, overwrite=overwrite
+            )  # fmt: skip
 
     @staticmethod
     def _read(state: Mapping[str, Tensor] | str | Path) -> Mapping[str, Tensor]:
@@ -149,11 +153,16 @@ class TracIn:
     def _loaded(self, state: Mapping[str, Tensor] | str | Path) -> Iterator[None]:
         """Load a checkpoint for the body; then put the model's own parameters and buffers back, also on errors."""
         values = self._read(state)
-        own = self.model.state_dict()
-        _check_matches(values, own)
-        saved = {key: value.detach().clone() for key, value in own.items()}
-        try:
+        _check_matches(values, self.model.state_dict())
+        with self._own_state_kept():
             self.model.load_state_dict(values)
+            yield
+
+    @contextmanager
+    def _own_state_kept(self) -> Iterator[None]:
+        """The model's own parameters and buffers put back after the body, also on errors."""
+        saved = {key: value.detach().clone() for key, value in self.model.state_dict().items()}
+        try:
             yield
         finally:
             self.model.load_state_dict(saved)

@@ -166,3 +166,20 @@ def test_streamed_scores_are_the_scores_row_by_row_and_a_second_run_reads_them_b
                 lambda: tracin.stream_scores((x[:3], y[:3]), dataset, tmp_path / "scores")):  # fmt: skip
         with pytest.raises(ValueError, match="other settings"):  # another computation: refused, nothing mixed
             run()
+
+
+def test_a_streamed_run_that_raises_leaves_the_model_as_found(tmp_path):
+    model, x, y, states = mlp_setting()
+    before, own = hook_state(model), {k: v.clone() for k, v in model.state_dict().items()}
+
+    class Failing(_CountingCE):
+        def forward(self, outputs: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+            if self.calls == 5:  # the test batch 3 times, then in the second training batch's checkpoints
+                raise RuntimeError("stopped")
+            return super().forward(outputs, labels)
+
+    tracin = TracIn(model, [(s, 0.1) for s in states], Failing())
+    with pytest.raises(RuntimeError, match="stopped"):
+        tracin.stream_scores((x[:2], y[:2]), TensorDataset(x[2:], y[2:]), tmp_path / "scores", batch_size=4)
+    assert hook_state(model) == before
+    assert all(torch.equal(v, own[k]) for k, v in model.state_dict().items())
