@@ -279,10 +279,10 @@ class InfluenceFunction:
         resume = (saved["rows"], saved["restricted"], int(saved["done"])) if saved is not None else None
 
         def keep(done: tuple[Tensor, Tensor, int]) -> None:
-            if saver is not None:
-                rows, restricted, steps = done
-                saver.save({"finished": {}, "running": None, "arnoldi": {"rows": rows, "restricted": restricted,
-                                                                         "done": steps}})  # fmt: skip
+            assert saver is not None
+            rows, restricted, steps = done
+            saver.save({"finished": {}, "running": None, "arnoldi": {"rows": rows, "restricted": restricted,
+                                                                     "done": steps}})  # fmt: skip
 
         params = self._parameters()
         hvp = hessian_vector_products(self.model, train, self.loss, params)
@@ -293,8 +293,9 @@ class InfluenceFunction:
             return progress(steps, desc="Arnoldi iteration", enabled=self.progress, total=self.arnoldi_dim)
 
         basis, restricted = arnoldi(
-            hvp, start.to(params[0][1].device), self.arnoldi_dim, loop=loop, resume=resume, after_step=keep
-        )
+            hvp, start.to(params[0][1].device), self.arnoldi_dim, loop=loop, resume=resume,
+            after_step=keep if saver is not None else None,
+        )  # fmt: skip
         values, vectors = top_eigenpairs(basis, restricted, self.projection_dim)
         self._eigen_damping(values)  # refuse a Hessian the damping leaves indefinite now, not when scoring
         return {"eigenvalues": values, "eigenvectors": vectors}

@@ -203,8 +203,8 @@ class _Calls:
     def _shares(self, module: nn.Module, a: Tensor, delta: Tensor) -> Iterator[tuple[Tensor, Tensor]]:
         """Each trainable parameter of ``module`` and its per-example gradient from this call (projected if asked).
 
-        A structured projection of a linear layer's weight is computed from its factors, never forming the
-        ``(batch, out, in)`` gradient; the bias by the rule.
+        A structured projection of a linear layer's (or embedding's) weight is computed from its factors, never
+        forming the ``(batch, out, in)`` gradient; the bias is its output gradient summed over positions, projected.
         """
         projection, weight = self.projection, getattr(module, "weight", None)
         factors = outer_factors(module, a, delta) if projection is not None and projection.structured else None
