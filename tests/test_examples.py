@@ -74,14 +74,12 @@ def _available(script: Path) -> str | None:
 EXAMPLE_JOB = """
 import os, runpy, sys
 
-try:  # SmolLM2 loaded once per zygote: each example is a fork, so what it does to the model stays in it
-    sys.path.insert(0, "examples")
+if os.environ.get("PRELOAD_SMOLLM2"):  # SmolLM2 loaded once per zygote where a selected example needs it: each
+    sys.path.insert(0, "examples")  # example is a fork, so what it does to the model stays in it
     import _smollm2
 
     _loaded = _smollm2.load_smollm2()
     _smollm2.load_smollm2 = lambda: _loaded
-except ModuleNotFoundError:  # no transformers, gguf, accelerate or weights: those examples are skipped
-    pass
 
 
 def job(request):
@@ -129,6 +127,8 @@ def runs(
         (p for p in EXAMPLES if p in selected and _available(p) is None),
         key=lambda p: SMOLLM2 not in NEEDS.get(p.name, []),
     )
+    if any(SMOLLM2 in NEEDS.get(p.name, []) for p in order):  # only runnable ones: the weights are there
+        env["PRELOAD_SMOLLM2"] = "1"
     started = [Zygote(EXAMPLE_JOB, env, ROOT) for _ in range(min(2, len(order)))]
     for zygote in started:
         zygotes.put(zygote)
